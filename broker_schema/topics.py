@@ -1,0 +1,76 @@
+"""Topic names, in one place. One partition each per workload topic, so order is total."""
+
+from __future__ import annotations
+
+import re
+
+from broker_schema.limits import MAX_WORKLOAD_ID_LEN
+
+#: Compacted topic keyed by executor node id.
+FACTS = "sys.facts"
+#: Records that could not be decoded, with where they were found and why (see RejectedRecord).
+REJECTS = "sys.rejects"
+#: Compacted chunk store topic (content-addressed bodies over the inline limit).
+CHUNKS = "sys.chunks"
+
+WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
+#: Pattern an executor subscribes to for effect requests.
+OUT_PATTERN = r"^wl\.[A-Za-z0-9][A-Za-z0-9_-]*\.out$"
+
+
+def check_workload_id(workload_id: str) -> str:
+    """Return ``workload_id`` if it is usable in topic names, else raise ``ValueError``."""
+    if not WORKLOAD_ID_RE.fullmatch(workload_id) or len(workload_id) > MAX_WORKLOAD_ID_LEN:
+        raise ValueError(
+            f"invalid workload id {workload_id!r}: letters, digits, '_' and '-', "
+            f"starting with a letter or digit, at most {MAX_WORKLOAD_ID_LEN} characters"
+        )
+    return workload_id
+
+
+def _topic(workload_id: str, stream: str) -> str:
+    return f"wl.{check_workload_id(workload_id)}.{stream}"
+
+
+def inputs(workload_id: str) -> str:
+    """``wl.<id>.in``: input records from producers (sensors, gateways)."""
+    return _topic(workload_id, "in")
+
+
+def spec(workload_id: str) -> str:
+    """``wl.<id>.spec``: spec records written by operators."""
+    return _topic(workload_id, "spec")
+
+
+def claims(workload_id: str) -> str:
+    """``wl.<id>.claims``: lease claims (epoch, holder, spec hash)."""
+    return _topic(workload_id, "claims")
+
+
+def out(workload_id: str) -> str:
+    """``wl.<id>.out``: the step's outputs, effect requests among them."""
+    return _topic(workload_id, "out")
+
+
+def resp(workload_id: str) -> str:
+    """``wl.<id>.resp``: accepted, response, timeout and unknown records."""
+    return _topic(workload_id, "resp")
+
+
+def merge(workload_id: str) -> str:
+    """``wl.<id>.merge``: the recorded merge order."""
+    return _topic(workload_id, "merge")
+
+
+def all_topics(workload_id: str) -> list[str]:
+    """Every per-workload topic, in the order of :data:`STREAMS`."""
+    return [_topic(workload_id, s) for s in STREAMS]
+
+
+def parse(topic: str) -> tuple[str, str]:
+    """Split ``wl.<id>.<stream>`` into ``(workload_id, stream)``; ``ValueError`` otherwise."""
+    parts = topic.split(".")
+    if len(parts) != 3 or parts[0] != "wl" or parts[2] not in STREAMS:
+        raise ValueError(f"not a workload topic: {topic!r}")
+    return check_workload_id(parts[1]), parts[2]

@@ -1,0 +1,127 @@
+"""Hypothesis strategies for every record kind (shared by unit tests of all packages)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+import broker_schema as bs
+
+HEX = "0123456789abcdef"
+hashes = st.text(alphabet=HEX, min_size=64, max_size=64).map(lambda h: "sha256:" + h)
+workload_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,20}", fullmatch=True)
+node_ids = st.text(min_size=1, max_size=30)
+offsets = st.integers(min_value=0, max_value=2**53 - 1)
+small = st.integers(min_value=0, max_value=10_000)
+epochs = st.integers(min_value=1, max_value=2**40)
+kinds = st.sampled_from(
+    [bs.INFERENCE_KIND, "ninelives:actuate/set@1.0.0", "acme:valve.position/set@2.1.3"]
+)
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    # an integral float of magnitude >= 2^53 prints as an integer JSON cannot read back exactly
+    | st.floats(min_value=-(2.0**52), max_value=2.0**52, allow_nan=False, width=64)
+    | st.text(max_size=20)
+)
+json_values: st.SearchStrategy[Any] = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+inline_bodies = st.one_of(
+    json_values.map(bs.InlineBody.of_json),
+    st.text(max_size=50).map(bs.InlineBody.of_text),
+    st.binary(max_size=80).map(bs.InlineBody.of_bytes),
+)
+chunk_refs = st.builds(bs.ChunkRef, hash=hashes, size=offsets,
+                       media_type=st.none() | st.just("audio/wav"))
+stream_refs = st.builds(bs.StreamRef, topic=st.just("wl.cam-1.in"), partition=st.just(0),
+                        offset=offsets, hash=st.none() | hashes)
+bodies = st.one_of(inline_bodies, chunk_refs, stream_refs)
+
+headers = st.builds(
+    bs.EffectHeader, workload_id=workload_ids, input_offset=offsets,
+    index=st.integers(min_value=0, max_value=100), epoch=epochs,
+    shadow=st.none() | st.just("eval-7"),
+)
+timings = st.builds(bs.Timing, received_us=offsets, started_us=st.none() | offsets,
+                    finished_us=st.none() | offsets)
+executors = st.builds(bs.ExecutorInfo, node_id=node_ids, engine=st.just("onnxruntime"),
+                      engine_version=st.just("1.32.0"), device_class=st.just("cpu"))
+signatures = st.builds(bs.Signature, key_id=hashes, value=st.binary(min_size=64, max_size=64).map(
+    lambda b: __import__("base64").b64encode(b).decode()))
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> bs.ResponseRecord:
+    outcome = draw(st.sampled_from(["ok", "error", "timeout", "unknown", "backpressure"]))
+    code = draw(st.sampled_from(sorted(bs.ERROR_RETRIABLE)))
+    header = draw(headers)
+    return bs.ResponseRecord(
+        effect_id=header.effect_id, header=header, request_offset=draw(offsets),
+        outcome=outcome,
+        error=bs.ErrorInfo(code=code, message=draw(st.text(max_size=30)))
+        if outcome == "error" else None,
+        output=draw(st.none() | bodies) if outcome == "ok" else None,
+        model_hash=draw(st.none() | hashes), executor=draw(st.none() | executors),
+        timing=draw(st.none() | timings), written_by=draw(node_ids),
+        receipt=draw(st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
+        signature=draw(st.none() | signatures),
+    )
+
+
+@st.composite
+def merges(draw: st.DrawFn) -> bs.MergeEntry:
+    action = draw(st.sampled_from(["deliver", "pass_over"]))
+    return bs.MergeEntry(
+        workload_id=draw(workload_ids), seq=draw(offsets), epoch=draw(epochs),
+        source=draw(st.sampled_from(["in", "resp"])), source_offset=draw(offsets),
+        effect_id=draw(st.none() | st.just("w/1/0@1")), action=action,
+        reason=draw(st.sampled_from(["duplicate", "after_outcome", "unknown_effect"]))
+        if action == "pass_over" else None,
+    )
+
+
+records: st.SearchStrategy[Any] = st.one_of(
+    st.builds(bs.InputRecord, workload_id=workload_ids, body=bodies,
+              source=st.none() | st.text(max_size=10)),
+    st.builds(bs.SpecRecord, workload_id=workload_ids, module_hash=hashes,
+              effect_kinds=st.lists(kinds, max_size=3).map(tuple),
+              models=st.dictionaries(st.text(min_size=1, max_size=8), hashes, max_size=3),
+              binding_switches=st.lists(small, max_size=3, unique=True).map(
+                  lambda offs: tuple(bs.BindingSwitch(at_input_offset=o, models={})
+                                     for o in sorted(offs))),
+              outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets),
+    st.builds(bs.ClaimRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids,
+              spec_hash=hashes, spec_offset=offsets),
+    st.builds(bs.OutputRecord, header=headers, body=bodies),
+    st.builds(bs.EffectRequest, header=headers, effect_kind=kinds, model=st.none() | hashes,
+              params=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+              input=st.none() | bodies, deadline_ms=st.integers(1, 10**9)),
+    headers.flatmap(lambda h: st.builds(
+        bs.AcceptedRecord, effect_id=st.just(h.effect_id), header=st.just(h),
+        request_offset=offsets, node_id=node_ids, lease_ms=st.integers(1, 10**6),
+        accepted_us=offsets)),
+    responses(),
+    merges(),
+    st.builds(bs.SnapshotRecord, workload_id=workload_ids, seq=offsets, epoch=epochs,
+              state_hash=hashes, state=bodies,
+              positions=st.dictionaries(st.sampled_from(["in", "resp"]), offsets)),
+    st.builds(bs.FactsRecord, node_id=node_ids,
+              kinds=st.lists(st.builds(bs.KindServed, kind=kinds, queue_limit=st.integers(1, 64)),
+                             max_size=2).map(tuple),
+              models_present=st.lists(hashes, max_size=2).map(tuple),
+              models_loaded=st.lists(hashes, max_size=2).map(tuple),
+              engines=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+              accelerators=st.lists(st.text(max_size=5), max_size=2).map(tuple),
+              public_key=st.just("MCowBQYDK2VwAyEA"), key_id=hashes, updated_us=offsets),
+    st.builds(bs.RejectedRecord, topic=st.just("wl.x.out"), partition=st.just(0), offset=offsets,
+              code=st.sampled_from(bs.DECODE_CODES), detail=st.text(max_size=30),
+              size=small, value_hash=hashes, seen_by=node_ids),
+)

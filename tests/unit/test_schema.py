@@ -1,0 +1,209 @@
+"""The wire contract: round trips, canonical bytes, typed decode errors, limits, topics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import broker_schema as bs
+from broker_schema import topics
+from broker_schema.export import json_schemas
+from tests.unit.schema_strategies import records
+
+H = "sha256:" + "ab" * 32
+
+
+def _header(**kw: Any) -> bs.EffectHeader:
+    return bs.EffectHeader(**{"workload_id": "cam-1", "input_offset": 7, "index": 0,
+                              "epoch": 3, **kw})
+
+
+@given(records)
+@settings(max_examples=300, deadline=None)
+def test_decode_encode_round_trip(record: Any) -> None:
+    data = bs.encode(record)
+    back = bs.decode(data, strict=True)
+    assert back == record
+    assert type(back) is type(record)
+    assert bs.encode(back) == data
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=500, deadline=None)
+def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
+    try:
+        bs.decode(data)
+    except bs.DecodeError as exc:
+        assert exc.code in bs.DECODE_CODES
+
+
+@given(records, st.data())
+@settings(max_examples=200, deadline=None)
+def test_mutated_records_raise_only_decode_error(record: Any, data: st.DataObject) -> None:
+    raw = bytearray(bs.encode(record))
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    raw[pos] = data.draw(st.integers(0, 255))
+    try:
+        bs.decode(bytes(raw))
+    except bs.DecodeError as exc:
+        assert exc.code in bs.DECODE_CODES
+
+
+def test_canonical_bytes_are_stable_and_sorted() -> None:
+    req = bs.EffectRequest(header=_header(), effect_kind=bs.INFERENCE_KIND, model=H,
+                           params={"b": 1, "a": [1.5, "x"]}, deadline_ms=250)
+    expected = (
+        b'{"deadline_ms":250,"effect_kind":"ninelives:inference/run@0.1.0","header":'
+        b'{"epoch":3,"index":0,"input_offset":7,"shadow":null,"workload_id":"cam-1"},'
+        b'"input":null,"kind":"request","model":"' + H.encode() + b'",'
+        b'"params":{"a":[1.5,"x"],"b":1},"v":1}'
+    )
+    assert bs.encode(req) == expected
+    # field order of construction, and a round trip through a dict, change nothing
+    again = bs.EffectRequest.model_validate(json.loads(expected))
+    assert bs.encode(again) == expected
+    assert bs.record_hash(req) == bs.sha256_hex(expected)
+
+
+def test_effect_id_from_header() -> None:
+    assert _header().effect_id == "cam-1/7/0@3"
+    assert _header(shadow="eval-1").effect_id == "shadow:eval-1/cam-1/7/0@3"
+    assert _header().slot == (7, 0)
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"\xff\xfe garbage", "not_json"),
+        (b"", "not_json"),
+        (b"NaN", "not_json"),
+        (b'{"a": Infinity}', "not_json"),
+        (b"[1,2]", "not_object"),
+        (b'"text"', "not_object"),
+        (b'{"v":1}', "unknown_kind"),
+        (b'{"kind":"bogus","v":1}', "unknown_kind"),
+        (b'{"kind":"claim"}', "unsupported_version"),
+        (b'{"kind":"claim","v":2}', "unsupported_version"),
+        (b'{"kind":"claim","v":"1"}', "unsupported_version"),
+        (b'{"kind":"claim","v":true}', "unsupported_version"),
+        (b'{"kind":"claim","v":1}', "invalid_record"),
+        (b'{"kind":"claim","v":1,"workload_id":"w","epoch":"1","holder_id":"h",'
+         b'"spec_hash":"' + H.encode() + b'","spec_offset":0}', "invalid_record"),
+        (b'{"kind":"claim","v":1,"workload_id":"w","epoch":1,"holder_id":"h",'
+         b'"spec_hash":"' + H.encode() + b'","spec_offset":0,"extra":1}', "invalid_record"),
+        (b'{"kind":"claim","v":1,"workload_id":"w","epoch":0,"holder_id":"h",'
+         b'"spec_hash":"' + H.encode() + b'","spec_offset":0}', "invalid_record"),
+        (b'{"kind":"claim","v":1,"workload_id":"w","epoch":1,"holder_id":"h",'
+         b'"spec_hash":"md5:00","spec_offset":0}', "invalid_record"),
+        (b'{"kind":"claim","v":1,"workload_id":"w","epoch":99999999999999999999,'
+         b'"holder_id":"h","spec_hash":"' + H.encode() + b'","spec_offset":0}', "invalid_record"),
+        (b" " * (bs.MAX_RECORD_BYTES + 1), "oversize"),
+    ],
+)
+def test_bad_bytes_have_stable_codes(data: bytes, code: str) -> None:
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(data)
+    assert info.value.code == code
+    assert info.value.retriable is False
+
+
+def test_non_canonical_is_flagged_in_strict_mode_only() -> None:
+    claim = bs.ClaimRecord(workload_id="w", epoch=1, holder_id="h", spec_hash=H, spec_offset=0)
+    loose = json.dumps(claim.model_dump(mode="json"), indent=1).encode()
+    assert bs.decode(loose) == claim
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(loose, strict=True)
+    assert info.value.code == "not_canonical"
+
+
+def test_inline_limit_and_oversize_record_refused_before_send() -> None:
+    big = "x" * (bs.INLINE_MAX_BYTES + 1)
+    with pytest.raises(ValueError, match="inline body"):
+        bs.InlineBody.of_text(big)
+    ok = bs.InlineBody.of_text("x" * (bs.INLINE_MAX_BYTES - 2))  # plus two quote bytes
+    assert len(ok.raw()) == bs.INLINE_MAX_BYTES - 2
+    # a record of many inline parameters can still exceed the frame cap: refused by encode()
+    params = {f"p{i}": "y" * 60_000 for i in range(20)}
+    req = bs.EffectRequest(header=_header(), effect_kind=bs.INFERENCE_KIND, params=params,
+                           deadline_ms=1)
+    with pytest.raises(bs.RecordTooLarge) as info:
+        bs.encode(req)
+    assert info.value.code == "oversize" and info.value.size > bs.MAX_RECORD_BYTES
+
+
+def test_values_json_cannot_carry_exactly_are_refused() -> None:
+    req = bs.EffectRequest(header=_header(), effect_kind=bs.INFERENCE_KIND,
+                           params={"seed": 2**60}, deadline_ms=1)
+    with pytest.raises(bs.EncodeError) as info:
+        bs.encode(req)
+    assert info.value.code == "not_canonicalizable"
+
+
+def test_response_outcome_rules() -> None:
+    h = _header()
+    with pytest.raises(ValueError):
+        bs.ResponseRecord(effect_id=h.effect_id, header=h, request_offset=0, outcome="error",
+                          written_by="n")
+    with pytest.raises(ValueError):
+        bs.ResponseRecord(effect_id=h.effect_id, header=h, request_offset=0, outcome="timeout",
+                          output=bs.InlineBody.of_text("x"), written_by="n")
+    err = bs.ErrorInfo(code="model_hash_mismatch", message="tampered")
+    assert err.retriable is True
+    assert bs.ErrorInfo(code="stale_epoch").retriable is False
+
+
+def test_signing_bytes_exclude_signature() -> None:
+    h = _header()
+    resp = bs.ResponseRecord(effect_id=h.effect_id, header=h, request_offset=4, outcome="ok",
+                             output=bs.InlineBody.of_json({"label": "python"}), written_by="n")
+    signed = resp.model_copy(update={"signature": bs.Signature(key_id=H, value="AAAA")})
+    assert signed.signing_bytes() == resp.signing_bytes() == bs.encode(resp)
+
+
+def test_spec_binding_switches() -> None:
+    h2 = "sha256:" + "cd" * 32
+    spec = bs.SpecRecord(workload_id="w", module_hash=H, effect_kinds=(bs.INFERENCE_KIND,),
+                         models={"clf": H},
+                         binding_switches=(bs.BindingSwitch(at_input_offset=10,
+                                                            models={"clf": h2}),))
+    assert spec.models_at(9) == {"clf": H}
+    assert spec.models_at(10) == {"clf": h2}
+    with pytest.raises(ValueError, match="increasing"):
+        bs.SpecRecord(workload_id="w", module_hash=H, effect_kinds=(),
+                      binding_switches=(bs.BindingSwitch(at_input_offset=5, models={}),
+                                        bs.BindingSwitch(at_input_offset=5, models={})))
+
+
+def test_records_are_frozen() -> None:
+    claim = bs.ClaimRecord(workload_id="w", epoch=1, holder_id="h", spec_hash=H, spec_offset=0)
+    with pytest.raises(ValueError):
+        claim.epoch = 2  # type: ignore[misc]
+
+
+def test_topics() -> None:
+    assert topics.all_topics("cam-1") == [
+        "wl.cam-1.in", "wl.cam-1.spec", "wl.cam-1.claims", "wl.cam-1.out", "wl.cam-1.resp",
+        "wl.cam-1.merge"]
+    assert topics.parse("wl.cam-1.resp") == ("cam-1", "resp")
+    import re
+    assert re.fullmatch(topics.OUT_PATTERN, "wl.cam-1.out")
+    assert not re.fullmatch(topics.OUT_PATTERN, "wl.cam-1.resp")
+    for bad in ["", "a.b", "-x", "x" * 201, "a b"]:
+        with pytest.raises(ValueError):
+            topics.inputs(bad)
+    with pytest.raises(ValueError):
+        topics.parse("wl.x.bogus")
+
+
+def test_json_schema_export_covers_every_kind_and_is_committed() -> None:
+    docs = json_schemas()
+    assert set(docs) == {f"{k}.schema.json" for k in bs.RECORD_TYPES} | {"record.schema.json"}
+    from pathlib import Path
+    committed = Path(__file__).resolve().parents[2] / "docs" / "schema"
+    for name, schema in docs.items():
+        on_disk = json.loads((committed / name).read_text())
+        assert on_disk == schema, f"docs/schema/{name} is stale: run `fx schema export`"
