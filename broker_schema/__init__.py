@@ -49,6 +49,7 @@ from broker_schema.records import (
     SnapshotRecord,
     SpecRecord,
     StreamRef,
+    TickRecord,
     Timing,
 )
 
@@ -92,6 +93,7 @@ __all__ = [
     "SnapshotRecord",
     "SpecRecord",
     "StreamRef",
+    "TickRecord",
     "Timing",
     "canonical_json",
     "content_hash",

@@ -432,6 +432,23 @@ class SnapshotRecord(_Model):
     positions: dict[str, Offset] = Field(default_factory=dict)
 
 
+class TickRecord(_Model):
+    """A clock marker the lease holder appends to ``wl.<id>.resp``.
+
+    The step never sees it. Its broker append time tells the holder how far the response stream has
+    been read in time: every record before it on ``.resp`` was appended no later, so a deadline
+    before that time with no ``accepted`` ahead of the tick is a ``timeout`` judged on the log, not
+    on a timer (and an open executor transaction before it holds the tick back under
+    ``read_committed``, so an ``accepted`` cannot be overtaken).
+    """
+
+    kind: Literal["tick"] = "tick"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    epoch: Epoch
+    holder_id: NodeId
+
+
 class FactsRecord(_Model):
     """What an executor node serves, on ``sys.facts`` (compacted, keyed by node id)."""
 
@@ -473,6 +490,7 @@ Record = Annotated[
     | ResponseRecord
     | MergeEntry
     | SnapshotRecord
+    | TickRecord
     | FactsRecord
     | RejectedRecord,
     Field(discriminator="kind"),
@@ -488,6 +506,7 @@ RECORD_TYPES: dict[str, type[BaseModel]] = {
     "response": ResponseRecord,
     "merge": MergeEntry,
     "snapshot": SnapshotRecord,
+    "tick": TickRecord,
     "facts": FactsRecord,
     "rejected": RejectedRecord,
 }

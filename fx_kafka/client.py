@@ -52,7 +52,7 @@ async def wait_ready(bootstrap: str, timeout: float = 30.0) -> None:
         try:
             await asyncio.wait_for(_list_topics(admin), timeout=remaining)
             return
-        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, KafkaError, OSError) as exc:
             last = exc
         finally:
             await admin.close()

@@ -35,8 +35,9 @@ start=$(date +%s.%N)
 tmp="$(mktemp -d "$dest/lib.tmp.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 echo "fetch.sh: fetching Kafka $version into $lib" >&2
+# (Maven 3.8 prints bare ANSI resets even with -q -B; strip them.)
 mvn -q -B -Dstyle.color=never -f "$pom" -Dkafka.version="$version" dependency:copy-dependencies \
-    -DoutputDirectory="$tmp" -DincludeScope=runtime >&2
+    -DoutputDirectory="$tmp" -DincludeScope=runtime 2>&1 | sed 's/\x1b\[[0-9;]*m//g' >&2
 ls "$tmp"/kafka_2.13-"$version".jar "$tmp"/kafka-tools-"$version".jar >/dev/null
 rm -rf "$lib" "$marker"
 mv "$tmp" "$lib"

@@ -113,6 +113,7 @@ records: st.SearchStrategy[Any] = st.one_of(
     st.builds(bs.SnapshotRecord, workload_id=workload_ids, seq=offsets, epoch=epochs,
               state_hash=hashes, state=bodies,
               positions=st.dictionaries(st.sampled_from(["in", "resp"]), offsets)),
+    st.builds(bs.TickRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids),
     st.builds(bs.FactsRecord, node_id=node_ids,
               kinds=st.lists(st.builds(bs.KindServed, kind=kinds, queue_limit=st.integers(1, 64)),
                              max_size=2).map(tuple),

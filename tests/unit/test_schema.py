@@ -207,3 +207,15 @@ def test_json_schema_export_covers_every_kind_and_is_committed() -> None:
     for name, schema in docs.items():
         on_disk = json.loads((committed / name).read_text())
         assert on_disk == schema, f"docs/schema/{name} is stale: run `fx schema export`"
+
+
+def test_docs_record_examples_are_canonical_records() -> None:
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "records.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)\n```", text, flags=re.S)
+    kinds = set()
+    for block in blocks:
+        record = bs.decode(block.encode(), strict=True)
+        kinds.add(record.kind)
+    assert kinds == set(bs.RECORD_TYPES)
