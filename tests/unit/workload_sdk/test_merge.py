@@ -1,0 +1,334 @@
+"""Pure tests of merge order, dedup, timeout/unknown and exactly-once outputs (no broker)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker_schema import (
+    INFERENCE_KIND,
+    AcceptedRecord,
+    EffectHeader,
+    EffectRequest,
+    InlineBody,
+    InputRecord,
+    MergeEntry,
+    ResponseRecord,
+    TickRecord,
+    canonical_json,
+    decode,
+)
+from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
+from workload_sdk import (
+    Core,
+    Item,
+    ReplayError,
+    Workload,
+    WorkloadError,
+    choose_next,
+    due_outcomes,
+    emit,
+    infer,
+    replay,
+)
+from workload_sdk._core import Pending
+from workload_sdk._replay import compare_outputs, missing_outputs, out_slots
+
+
+def _item(source: str, offset: int, t: int, record: Any) -> Item:
+    return Item(source, offset, t, record)  # type: ignore[arg-type]
+
+
+def _input(v: Any) -> InputRecord:
+    return InputRecord(workload_id=WID, body=InlineBody.of_json(v))
+
+
+def _header(seq: int, index: int = 1, epoch: int = 1) -> EffectHeader:
+    return EffectHeader(workload_id=WID, input_offset=seq, index=index, epoch=epoch)
+
+
+def _resp(h: EffectHeader, outcome: str = "ok") -> ResponseRecord:
+    return ResponseRecord(effect_id=h.effect_id, header=h, request_offset=0,
+                          outcome=outcome, written_by="e",  # type: ignore[arg-type]
+                          output=InlineBody.of_json(1) if outcome == "ok" else None)
+
+
+# ------------------------------------------------------------------------------ examples
+
+
+def test_choose_next_earlier_append_time_first_ties_to_responses() -> None:
+    a = _item("in", 0, 10, _input(1))
+    r = _item("resp", 0, 10, TickRecord(workload_id=WID, epoch=1, holder_id="h"))
+    assert choose_next(a, r, input_allowed=True) == "resp"
+    later = _item("resp", 1, 11, r.record)
+    assert choose_next(a, later, input_allowed=True) == "in"
+    assert choose_next(a, later, input_allowed=False) == "resp"
+    assert choose_next(a, None, input_allowed=False) is None
+    assert choose_next(None, None, input_allowed=True) is None
+
+
+def test_first_answer_is_delivered_later_ones_are_passed_over_with_reasons() -> None:
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    applied = core.apply(_item("in", 0, 5, _input(3)), epoch=1, spec=spec)
+    req = applied.outputs[1]
+    assert isinstance(req, EffectRequest) and req.model == spec.models["m"]
+    h = req.header
+    acc = AcceptedRecord(effect_id=h.effect_id, header=h, request_offset=1, node_id="e",
+                         lease_ms=100, accepted_us=1)
+    a1 = core.apply(_item("resp", 0, 6, acc), epoch=1, spec=spec)
+    assert (a1.decision.action, a1.decision.reason) == ("pass_over", "not_an_answer")
+    assert core.pending[h.effect_id].accepted_ms == 6
+    first = core.apply(_item("resp", 1, 7, _resp(h)), epoch=1, spec=spec)
+    assert first.decision.action == "deliver" and first.entry is not None
+    assert first.entry.seq == 1 and first.entry.effect_id == h.effect_id
+    dup = core.apply(_item("resp", 2, 8, _resp(h)), epoch=1, spec=spec)
+    assert (dup.decision.action, dup.decision.reason) == ("pass_over", "duplicate")
+    assert dup.entry is not None and dup.entry.seq == 2  # carries the next delivery's seq
+    stray = core.apply(_item("resp", 3, 9, _resp(_header(99, 0))), epoch=1, spec=spec)
+    assert stray.decision.reason == "unknown_effect"
+    assert core.state["seen"] == [[h.effect_id, "ok"]]
+
+
+def test_answer_after_timeout_is_passed_over_as_after_outcome() -> None:
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    h = core.apply(_item("in", 0, 5, _input(1)), epoch=1, spec=spec).outputs[1].header
+    timeout = ResponseRecord(effect_id=h.effect_id, header=h, request_offset=1,
+                             outcome="timeout", written_by="holder")
+    got = core.apply(_item("resp", 0, 60, timeout), epoch=1, spec=spec)
+    assert got.decision.action == "deliver"
+    assert len(got.outputs) == 2  # the workload retries once under a new id
+    late = core.apply(_item("resp", 1, 61, _resp(h)), epoch=1, spec=spec)
+    assert (late.decision.action, late.decision.reason) == ("pass_over", "after_outcome")
+
+
+def test_due_outcomes_timeout_without_accept_unknown_after_lease() -> None:
+    p = Pending("w/0/1@1", 0, 1, 1, INFERENCE_KIND, deadline_ms=50)
+    times = {p.effect_id: 1000}
+    assert due_outcomes([p], times, 1050) == []  # strictly later than the deadline
+    (d,) = due_outcomes([p], times, 1051)
+    assert (d.outcome, d.due_at_ms) == ("timeout", 1050)
+    p.accepted_ms, p.lease_ms = 1040, 100
+    assert due_outcomes([p], times, 1100) == []  # accepted in time: no timeout
+    (d,) = due_outcomes([p], times, 1141)
+    assert (d.outcome, d.due_at_ms) == ("unknown", 1140)
+    assert due_outcomes([p], times, 5000, already_written=[p.effect_id]) == []
+    assert due_outcomes([p], {}, 5000) == []  # request time not read back yet
+
+
+def test_outstanding_limit_holds_inputs_and_refuses_an_overfull_step() -> None:
+    class Greedy(Workload):
+        def initial_state(self) -> Any:
+            return 0
+
+        def step(self, state: Any, event: Any) -> tuple[Any, list[Any]]:
+            return state + 1, [infer(model="m", input=i) for i in range(3)]
+
+    spec = make_spec(limit=2)
+    core = Core.initial(Greedy(), WID)
+    with pytest.raises(WorkloadError) as err:
+        core.apply(_item("in", 0, 1, _input(0)), epoch=1, spec=spec)
+    assert err.value.code == "outstanding_limit" and core.seq == 0 and core.state == 0
+
+    sim = Sim(spec=make_spec(limit=1))
+    sim.start()
+    assert sim.holder is not None
+    for v in (1, 3, 5):
+        sim.input(v)
+    sim.holder.pump()
+    assert len(sim.holder.core.pending) == 1 and len(sim.holder.bufs["in"]) == 2
+    sim.answer(0, "ok")
+    sim.holder.pump()
+    assert len(sim.holder.bufs["in"]) == 1  # one more input merged after the answer freed room
+
+
+def test_model_and_kind_must_be_bound_at_the_input_offset() -> None:
+    from broker_schema import BindingSwitch
+
+    class Ask(Workload):
+        def initial_state(self) -> Any:
+            return None
+
+        def step(self, state: Any, event: Any) -> tuple[Any, list[Any]]:
+            return state, [infer(model=event.json(), input="x")]
+
+    other = "sha256:" + "cd" * 32
+    spec = make_spec().model_copy(update={"binding_switches": (
+        BindingSwitch(at_input_offset=1, models={"m": other}),)})
+    core = Core.initial(Ask(), WID)
+    first = core.apply(_item("in", 0, 1, _input("m")), epoch=1, spec=spec).outputs[0]
+    second = core.apply(_item("in", 1, 2, _input("m")), epoch=1, spec=spec).outputs[0]
+    assert isinstance(first, EffectRequest) and isinstance(second, EffectRequest)
+    assert (first.model, second.model) == (spec.models["m"], other)
+    with pytest.raises(WorkloadError, match="model_unbound"):
+        core.apply(_item("in", 2, 3, _input("nope")), epoch=1, spec=spec)
+    with pytest.raises(WorkloadError, match="model_unbound"):
+        core.apply(_item("in", 2, 3, _input(spec.models["m"])), epoch=1, spec=spec)
+
+
+def test_replay_refuses_a_merge_log_the_fold_disagrees_with() -> None:
+    sim = Sim(spec=make_spec())
+    sim.start()
+    assert sim.holder is not None
+    sim.input(1)
+    sim.holder.pump()
+    sim.answer(0, "ok")
+    sim.answer(0, "ok")
+    sim.holder.pump()
+    # forge the second answer's entry into a delivery
+    view = sim.log["merge"]
+    for rec in view:
+        entry = decode(rec.value)
+        if isinstance(entry, MergeEntry) and entry.reason == "duplicate":
+            forged = entry.model_copy(update={"action": "deliver", "reason": None})
+            view.records[rec.offset] = type(rec)(rec.offset, rec.time_ms,
+                                                 canonical_json(forged.model_dump(mode="json")))
+    with pytest.raises(ReplayError, match="the fold decides pass_over/duplicate"):
+        replay(Asker(), sim.log, use_snapshots=False)
+
+
+def test_new_holder_writes_only_missing_slots() -> None:
+    # no snapshot in range: a new holder recomputes the steps after its snapshot, and outputs
+    # before a snapshot committed with it in one transaction
+    sim = Sim(spec=make_spec(snapshot_every=100))
+    sim.start()
+    assert sim.holder is not None
+    for v in (2, 4, 1):
+        sim.input(v)
+    sim.holder.pump()
+    slots = out_slots(sim.log)
+    assert missing_outputs(replay(Asker(), sim.log, use_snapshots=False), sim.log) == []
+    # lose one output (as if its write never landed): only that slot is rewritten
+    lost_slot = sorted(slots)[1]
+    del sim.log["out"].records[slots[lost_slot][0]]
+    sim.start()
+    after = out_slots(sim.log)
+    assert set(after) == set(slots)
+    assert after[lost_slot][1] == slots[lost_slot][1]  # the same bytes as the lost one
+    counts = Counter(decode(r.value).header.slot for r in sim.log["out"])  # type: ignore[union-attr]
+    assert max(counts.values()) == 1
+
+
+# ------------------------------------------------------------------------------ hypothesis
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("input"), st.integers(0, 9)),
+        st.tuples(st.just("advance"), st.integers(1, 80)),
+        st.tuples(st.just("pump"), st.just(0)),
+        st.tuples(st.just("accept"), st.integers(0, 50)),
+        st.tuples(st.just("answer"), st.integers(0, 50), st.sampled_from(
+            ["ok", "ok", "error", "backpressure"])),
+        st.tuples(st.just("dup"), st.integers(0, 50)),
+        st.tuples(st.just("stray"), st.just(0)),
+        st.tuples(st.just("failover"), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+def _run(sim: Sim, steps: list[tuple[Any, ...]]) -> None:
+    sim.start()
+    for step in steps:
+        holder = sim.holder
+        assert holder is not None
+        match step:
+            case ("input", v):
+                sim.input(v)
+            case ("advance", dt):
+                sim.now += dt
+            case ("pump", _):
+                holder.pump()
+            case ("accept", pick):
+                sim.accept(pick)
+            case ("answer", pick, outcome):
+                sim.answer(pick, outcome)
+            case ("dup", pick):
+                sim.answer(pick, "ok")
+                sim.answer(pick, "ok")
+            case ("stray", _):
+                sim.stray()
+            case ("failover", _):
+                sim.start()
+    assert sim.holder is not None
+    sim.holder.drain()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=actions, limit=st.integers(1, 4), snap=st.integers(1, 5))
+def test_any_interleaving_one_answer_per_effect_and_replay_reproduces(
+    steps: list[tuple[Any, ...]], limit: int, snap: int
+) -> None:
+    sim = Sim(spec=make_spec(limit=limit, snapshot_every=snap))
+    _run(sim, steps)
+    holder = sim.holder
+    assert holder is not None
+    live = holder.core
+
+    # exactly one answer per effect id, and every request answered once
+    seen = [eid for eid, _ in live.state["seen"]]
+    assert len(seen) == len(set(seen))
+    requested = {req.effect_id for _, req in sim.requests()}
+    assert set(seen) == requested
+
+    # no output slot written twice, across fail-overs
+    slots = Counter(decode(r.value).header.slot for r in sim.log["out"])  # type: ignore[union-attr]
+    assert not slots or max(slots.values()) == 1
+
+    # every response on .resp is accounted for in the merge log: delivered once or passed over
+    merged = [decode(r.value) for r in sim.log["merge"]]
+    entries = [m for m in merged if isinstance(m, MergeEntry)]
+    delivered = Counter(e.effect_id for e in entries if e.action == "deliver" and e.effect_id)
+    assert all(n == 1 for n in delivered.values())
+    assert [e.seq for e in entries if e.action == "deliver"] == list(range(live.seq))
+
+    # replay (from the start and from snapshots) reproduces the state bytes and every output
+    for use_snapshots in (False, True):
+        result = replay(Asker(), sim.log, use_snapshots=use_snapshots)
+        assert canonical_json(result.core.state) == canonical_json(live.state)
+        assert result.core.seq == live.seq
+        assert compare_outputs(result, sim.log) == []
+    full = replay(Asker(), sim.log, use_snapshots=False)
+    assert len(full.outputs) == len(slots)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=actions, cut=st.integers(0, 30))
+def test_replay_to_any_seq_matches_the_prefix(steps: list[tuple[Any, ...]], cut: int) -> None:
+    sim = Sim(spec=make_spec(snapshot_every=2))
+    _run(sim, steps)
+    assert sim.holder is not None
+    to = min(cut, max(sim.holder.core.seq - 1, 0))
+    a = replay(Asker(), sim.log, to_seq=to, use_snapshots=True)
+    b = replay(Asker(), sim.log, to_seq=to, use_snapshots=False)
+    assert canonical_json(a.core.state) == canonical_json(b.core.state)
+    assert a.core.seq == b.core.seq == min(to + 1, sim.holder.core.seq)
+
+
+def test_outputs_are_plain_emits_and_requests() -> None:
+    class Bad(Workload):
+        def initial_state(self) -> Any:
+            return {}
+
+        def step(self, state: Any, event: Any) -> tuple[Any, list[Any]]:
+            return state, [emit(1), "not an output"]
+
+    core = Core.initial(Bad(), WID)
+    with pytest.raises(WorkloadError, match="bad_output"):
+        core.apply(_item("in", 0, 1, _input(1)), epoch=1, spec=make_spec())
+
+    class NaNState(Workload):
+        def initial_state(self) -> Any:
+            return {}
+
+        def step(self, state: Any, event: Any) -> tuple[Any, list[Any]]:
+            return {"x": float("nan")}, []
+
+    with pytest.raises(WorkloadError, match="bad_state"):
+        Core.initial(NaNState(), WID).apply(_item("in", 0, 1, _input(1)), epoch=1,
+                                            spec=make_spec())

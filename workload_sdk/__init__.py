@@ -1,0 +1,73 @@
+"""The workload SDK: write a deterministic step, run it under a lease holder, replay and audit it.
+
+A workload is a fold ``step(state, event) -> (state, outputs)`` (see :class:`Workload`). Its
+effects (model inference, actuation) are requests on ``wl.<id>.out``; their answers come back
+through the recorded merge order on ``wl.<id>.merge``, so replay reads them and never calls a model.
+
+This package never imports ``executor``: the two meet only on the log.
+"""
+
+from workload_sdk._api import (
+    EffectResult,
+    Emit,
+    Event,
+    InputEvent,
+    Output,
+    Request,
+    State,
+    Workload,
+    WorkloadError,
+    actuate,
+    emit,
+    infer,
+    module_hash,
+    request,
+    state_bytes,
+    state_hash,
+)
+from workload_sdk._core import Core, Decision, Item, choose_next, due_outcomes
+from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, transactional_id_for
+from workload_sdk._loader import load_workload
+from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
+from workload_sdk._replay import DiffReport, ReplayError, ReplayResult, diff, replay
+from workload_sdk._why import why
+
+__all__ = [
+    "Core",
+    "Decision",
+    "DiffReport",
+    "EffectResult",
+    "Emit",
+    "Event",
+    "Fenced",
+    "HolderConfig",
+    "InputEvent",
+    "Item",
+    "LeaseHolder",
+    "LogGap",
+    "LogRecord",
+    "NoSpec",
+    "Output",
+    "ReplayError",
+    "ReplayResult",
+    "Request",
+    "State",
+    "TopicView",
+    "Workload",
+    "WorkloadError",
+    "WorkloadLog",
+    "actuate",
+    "choose_next",
+    "diff",
+    "due_outcomes",
+    "emit",
+    "infer",
+    "load_workload",
+    "module_hash",
+    "replay",
+    "request",
+    "state_bytes",
+    "state_hash",
+    "transactional_id_for",
+    "why",
+]

@@ -1,0 +1,406 @@
+"""The pure core: merge decisions, the fold, timeout and unknown judgement. No I/O anywhere.
+
+The live lease holder and replay both drive one :class:`Core`. The holder feeds it records as they
+arrive and writes what it returns; replay feeds it the records the merge log names and checks that
+it decides the same. Who calls what:
+
+- :func:`choose_next` (holder only): which buffered record is merged next (the recorded rule).
+- :meth:`Core.classify` (holder and replay): deliver or pass over a record, and why.
+- :meth:`Core.apply` (holder and replay): classify, run the step on a delivery, build the merge
+  entry and the output records; advances ``seq`` and ``positions``.
+- :func:`due_outcomes` (holder only): which pending effects are due a ``timeout`` or ``unknown``
+  record, judged against a broker append time read from ``.resp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from broker_schema import (
+    AcceptedRecord,
+    EffectHeader,
+    EffectRequest,
+    InlineBody,
+    InputRecord,
+    MergeEntry,
+    OutputRecord,
+    PassOverReason,
+    ResponseRecord,
+    SnapshotRecord,
+    SpecRecord,
+    TickRecord,
+    canonical_json,
+    content_hash,
+    is_hash,
+)
+from broker_schema import (
+    EncodeError as _EncodeError,
+)
+from workload_sdk._api import (
+    EffectResult,
+    Emit,
+    Event,
+    InputEvent,
+    Request,
+    State,
+    Workload,
+    WorkloadError,
+)
+
+Source = Literal["in", "resp"]
+SourceRecord = InputRecord | AcceptedRecord | ResponseRecord | TickRecord
+OutRecord = OutputRecord | EffectRequest
+
+#: Outcomes after which a later answer for the same effect id is passed over as ``after_outcome``.
+_TERMINAL_GUESSES = frozenset({"timeout", "unknown"})
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A decoded record from ``.in`` or ``.resp`` with its offset and broker append time."""
+
+    source: Source
+    offset: int
+    time_ms: int
+    record: SourceRecord
+
+
+@dataclass(slots=True)
+class Pending:
+    """An effect the fold issued and has not had its answer for yet.
+
+    ``accepted_ms``/``lease_ms`` come from the latest ``accepted`` record merged (as passed over)
+    for it: the log's facts, so replay rebuilds them too.
+    """
+
+    effect_id: str
+    input_offset: int
+    index: int
+    epoch: int
+    effect_kind: str
+    deadline_ms: int
+    accepted_ms: int | None = None
+    lease_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with one record: deliver it to the step, pass it over (with why), or skip it
+    (a tick: a clock marker that is not recorded in the merge log)."""
+
+    action: Literal["deliver", "pass_over", "skip"]
+    reason: PassOverReason | None = None
+    effect_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The result of :meth:`Core.apply`: the merge entry (None for a tick), the step's output
+    records (empty unless delivered), and whether a snapshot is due after it."""
+
+    decision: Decision
+    entry: MergeEntry | None
+    outputs: tuple[OutRecord, ...] = ()
+    snapshot_due: bool = False
+
+
+def _parse_effect_id(effect_id: str) -> tuple[str, int, int, int] | None:
+    """``(workload, input_offset, index, epoch)`` of a live effect id; None if not one."""
+    if effect_id.startswith("shadow:"):
+        return None
+    try:
+        rest, epoch = effect_id.rsplit("@", 1)
+        workload, input_offset, index = rest.rsplit("/", 2)
+        return workload, int(input_offset), int(index), int(epoch)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Core:
+    """The fold's whole state: the workload state, the next ``seq``, pending effects, the effect
+    ids that ended in ``timeout``/``unknown``, and the next offsets to read on each source."""
+
+    workload: Workload
+    workload_id: str
+    state: State
+    seq: int = 0
+    pending: dict[str, Pending] = field(default_factory=dict)
+    guessed: dict[str, str] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=lambda: {"in": 0, "resp": 0})
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def initial(cls, workload: Workload, workload_id: str) -> Core:
+        """A core before the first step."""
+        state = workload.initial_state()
+        _check_state(state, None)
+        return cls(workload=workload, workload_id=workload_id, state=state)
+
+    @classmethod
+    def from_snapshot(cls, workload: Workload, snap: SnapshotRecord) -> Core:
+        """A core restored from a snapshot record (see :meth:`snapshot`)."""
+        if not isinstance(snap.state, InlineBody) or snap.state.encoding != "json":
+            raise ValueError("snapshot state must be an inline JSON body")
+        data = snap.state.data
+        if not isinstance(data, dict):
+            raise ValueError("snapshot state body is not an object")
+        state = data.get("state")
+        if content_hash(state) != snap.state_hash:
+            raise ValueError(f"snapshot at seq {snap.seq}: state does not hash to state_hash")
+        pending_raw = data.get("pending", [])
+        guessed_raw = data.get("guessed", {})
+        if not isinstance(pending_raw, list) or not isinstance(guessed_raw, dict):
+            raise ValueError("snapshot state body is malformed")
+        pending = {}
+        for entry in pending_raw:
+            if not isinstance(entry, dict):
+                raise ValueError("snapshot pending entry is not an object")
+            p = Pending(**entry)  # type: ignore[arg-type]
+            pending[p.effect_id] = p
+        return cls(
+            workload=workload,
+            workload_id=snap.workload_id,
+            state=state,
+            seq=snap.seq,
+            pending=pending,
+            guessed={str(k): str(v) for k, v in guessed_raw.items()},
+            positions={"in": snap.positions.get("in", 0), "resp": snap.positions.get("resp", 0)},
+        )
+
+    def snapshot(self, epoch: int) -> SnapshotRecord:
+        """A snapshot record of this core (the state before step ``seq``)."""
+        body = {
+            "state": self.state,
+            "pending": [asdict(p) for p in self.pending.values()],
+            "guessed": dict(self.guessed),
+        }
+        return SnapshotRecord(
+            workload_id=self.workload_id,
+            seq=self.seq,
+            epoch=epoch,
+            state_hash=content_hash(self.state),
+            state=InlineBody.of_json(body),
+            positions=dict(self.positions),
+        )
+
+    @property
+    def state_hash(self) -> str:
+        """``sha256:<hex>`` of the workload state's canonical bytes."""
+        return content_hash(self.state)
+
+    # -- decisions -----------------------------------------------------------------------------
+    def input_allowed(self, spec: SpecRecord) -> bool:
+        """Inputs from ``.in`` are merged only while fewer than ``spec.outstanding_limit``
+        requests are pending; answers are always merged (they free room)."""
+        return len(self.pending) < spec.outstanding_limit
+
+    def classify(self, item: Item) -> Decision:
+        """Deliver or pass over ``item``, without changing anything.
+
+        Inputs are always delivered. On ``.resp``: a tick is skipped; an ``accepted`` is passed
+        over as ``not_an_answer``; a response for a pending effect is delivered (the first answer
+        merged is the one the step sees); one for an effect that ended in ``timeout`` or
+        ``unknown`` is ``after_outcome``; one for another of this workload's past slots is a
+        ``duplicate``; anything else is an ``unknown_effect``.
+        """
+        record = item.record
+        if isinstance(record, InputRecord):
+            return Decision("deliver")
+        if isinstance(record, TickRecord):
+            return Decision("skip")
+        effect_id = record.effect_id
+        if isinstance(record, AcceptedRecord):
+            return Decision("pass_over", "not_an_answer", effect_id)
+        if effect_id in self.pending:
+            return Decision("deliver", None, effect_id)
+        if effect_id in self.guessed:
+            return Decision("pass_over", "after_outcome", effect_id)
+        parsed = _parse_effect_id(effect_id)
+        if parsed is not None and parsed[0] == self.workload_id and parsed[1] < self.seq:
+            return Decision("pass_over", "duplicate", effect_id)
+        return Decision("pass_over", "unknown_effect", effect_id)
+
+    def apply(self, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
+        """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
+        output records to write. Raises :class:`WorkloadError` when the step breaks a rule."""
+        decision = self.classify(item)
+        self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
+        if decision.action == "skip":
+            return Applied(decision, None)
+        entry = MergeEntry(
+            workload_id=self.workload_id, seq=self.seq, epoch=epoch, source=item.source,
+            source_offset=item.offset, effect_id=decision.effect_id, action=decision.action,
+            reason=decision.reason,
+        )
+        record = item.record
+        if decision.action == "pass_over":
+            if isinstance(record, AcceptedRecord) and record.effect_id in self.pending:
+                p = self.pending[record.effect_id]
+                p.accepted_ms = item.time_ms
+                p.lease_ms = record.lease_ms
+            return Applied(decision, entry)
+        event: Event
+        if isinstance(record, InputRecord):
+            if not self.input_allowed(spec):
+                raise WorkloadError("outstanding_limit", "an input was merged while "
+                                    f"{len(self.pending)} requests were pending", seq=self.seq)
+            event = InputEvent(seq=self.seq, time_ms=item.time_ms, offset=item.offset,
+                               body=record.body, source=record.source)
+        else:
+            assert isinstance(record, ResponseRecord)
+            self.pending.pop(record.effect_id)
+            if record.outcome in _TERMINAL_GUESSES:
+                self.guessed[record.effect_id] = record.outcome
+            event = EffectResult(
+                seq=self.seq, time_ms=item.time_ms, effect_id=record.effect_id,
+                input_offset=record.header.input_offset, index=record.header.index,
+                outcome=record.outcome, output=record.output, error=record.error,
+                model_hash=record.model_hash, written_by=record.written_by,
+            )
+        outputs = self._step(event, epoch=epoch, spec=spec)
+        self.seq += 1
+        return Applied(decision, entry, outputs, snapshot_due=self.seq % spec.snapshot_every == 0)
+
+    def _step(self, event: Event, *, epoch: int, spec: SpecRecord) -> tuple[OutRecord, ...]:
+        seq = self.seq
+        result = self.workload.step(self.state, event)
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise WorkloadError("bad_step", "step must return (state, outputs)", seq=seq)
+        new_state, outs = result
+        _check_state(new_state, seq)
+        room = spec.outstanding_limit - len(self.pending)
+        records: list[OutRecord] = []
+        issued: list[Pending] = []
+        models = spec.models_at(seq)
+        for index, out in enumerate(outs):
+            header = EffectHeader(workload_id=self.workload_id, input_offset=seq, index=index,
+                                  epoch=epoch)
+            if isinstance(out, Emit):
+                records.append(OutputRecord(header=header, body=out.body))
+                continue
+            if not isinstance(out, Request):
+                raise WorkloadError("bad_output", f"output {index} is a {type(out).__name__}, "
+                                    "not emit()/infer()/actuate()/request()", seq=seq)
+            if out.effect_kind not in spec.effect_kinds:
+                raise WorkloadError("kind_unbound", f"effect kind {out.effect_kind!r} is not "
+                                    f"bound by the spec (bound: {list(spec.effect_kinds)})",
+                                    seq=seq)
+            model = _resolve_model(out.model, models, seq)
+            deadline = out.deadline_ms if out.deadline_ms is not None else spec.deadline_default_ms
+            try:
+                req = EffectRequest(header=header, effect_kind=out.effect_kind, model=model,
+                                    params=dict(out.params), input=out.input,
+                                    deadline_ms=deadline)
+            except (ValueError, _EncodeError) as exc:
+                raise WorkloadError("bad_output", f"request {index}: {exc}", seq=seq) from exc
+            records.append(req)
+            issued.append(Pending(effect_id=header.effect_id, input_offset=seq, index=index,
+                                  epoch=epoch, effect_kind=out.effect_kind, deadline_ms=deadline))
+        if len(issued) > room:
+            raise WorkloadError("outstanding_limit", f"the step issued {len(issued)} requests "
+                                f"with room for {room} (spec outstanding_limit "
+                                f"{spec.outstanding_limit})", seq=seq)
+        self.state = new_state
+        for p in issued:
+            self.pending[p.effect_id] = p
+        return tuple(records)
+
+
+def _check_state(state: State, seq: int | None) -> None:
+    try:
+        canonical_json(state)
+    except _EncodeError as exc:
+        raise WorkloadError("bad_state", f"state is not canonical JSON: {exc.detail}",
+                            seq=seq) from exc
+
+
+def _resolve_model(model: str | None, models: Mapping[str, str], seq: int) -> str | None:
+    if model is None:
+        return None
+    if is_hash(model):
+        if model not in models.values():
+            raise WorkloadError("model_unbound", f"model {model} is not bound at input offset "
+                                f"{seq} (bound: {dict(models)})", seq=seq)
+        return model
+    if model not in models:
+        raise WorkloadError("model_unbound", f"model name {model!r} is not bound at input "
+                            f"offset {seq} (bound: {sorted(models)})", seq=seq)
+    return models[model]
+
+
+# ------------------------------------------------------------------------------- merge order
+
+
+def choose_next(in_head: Item | None, resp_head: Item | None, *,
+                input_allowed: bool) -> Source | None:
+    """The recorded merge rule: which buffered head is merged next.
+
+    The head with the earlier broker append time goes first; on a tie the response goes first
+    (it may free room and it answers an older question). Inputs wait while the outstanding limit
+    is reached. None: nothing can be merged now.
+    """
+    if resp_head is not None and (
+        in_head is None or not input_allowed or resp_head.time_ms <= in_head.time_ms
+    ):
+        return "resp"
+    if in_head is not None and input_allowed:
+        return "in"
+    return None
+
+
+# ---------------------------------------------------------------------------- deadline judgement
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """An effect due a holder-written outcome, and the append time it was judged against."""
+
+    effect_id: str
+    outcome: Literal["timeout", "unknown"]
+    due_at_ms: int
+
+
+def due_at(p: Pending, request_time_ms: int) -> tuple[Literal["timeout", "unknown"], int]:
+    """When ``p`` becomes due and what: ``timeout`` at the request's append time plus its
+    deadline while nothing accepted it, else ``unknown`` at the latest accept plus its lease."""
+    if p.accepted_ms is None or p.lease_ms is None:
+        return "timeout", request_time_ms + p.deadline_ms
+    return "unknown", p.accepted_ms + p.lease_ms
+
+
+def due_outcomes(pending: Iterable[Pending], request_times: Mapping[str, int], now_ms: int,
+                 *, already_written: Iterable[str] = ()) -> list[Due]:
+    """Pending effects due a ``timeout`` or ``unknown`` record at broker time ``now_ms``.
+
+    ``now_ms`` must be the append time of the latest record *merged from* ``.resp`` (an answer,
+    an ``accepted`` or a tick): every ``accepted`` appended before it has then been merged, so
+    "no accept by the deadline" is a fact of the log. Strictly later than the due time counts.
+    Effects whose request time is not known yet (not read back) and those in ``already_written``
+    are left alone.
+    """
+    written = set(already_written)
+    due: list[Due] = []
+    for p in pending:
+        if p.effect_id in written or p.effect_id not in request_times:
+            continue
+        outcome, at = due_at(p, request_times[p.effect_id])
+        if now_ms > at:
+            due.append(Due(p.effect_id, outcome, at))
+    return due
+
+
+def holder_outcome(p: Pending, *, request_offset: int, outcome: Literal["timeout", "unknown"],
+                   holder_id: str, workload_id: str) -> ResponseRecord:
+    """The ``timeout``/``unknown`` response the holder writes for pending effect ``p``."""
+    header = EffectHeader(workload_id=workload_id, input_offset=p.input_offset, index=p.index,
+                          epoch=p.epoch)
+    return ResponseRecord(effect_id=p.effect_id, header=header, request_offset=request_offset,
+                          outcome=outcome, written_by=holder_id)
+
+
+def pending_summary(core: Core) -> list[dict[str, Any]]:
+    """The pending effects as plain dicts (for printing)."""
+    return [asdict(p) for p in core.pending.values()]

@@ -1,0 +1,399 @@
+"""The lease holder: a thin aiokafka shell around :class:`~workload_sdk._core.Core`.
+
+Start-up (each step is a fact on the log, so a successor can check it):
+
+1. Start a transactional producer whose id is derived from the workload id. ``InitProducerId``
+   bumps the producer epoch, so the broker fences any older holder of the same workload: its
+   next transaction fails.
+2. Read ``.claims`` and write a claim with the highest epoch seen plus one, naming the latest
+   spec on ``.spec`` (its offset and hash). The running module must hash to the spec's
+   ``module_hash``.
+3. Replay ``.merge`` from the latest snapshot with the same core replay uses; read ``.out`` and
+   write any output slot ``(input_offset, index)`` the replay computed that is not on ``.out``
+   (none, normally: outputs and merge entries commit in one transaction).
+4. Read ``.in`` and ``.resp`` from the positions the replay ended at, and loop: merge in the
+   recorded order (:func:`choose_next`), run the step, write outputs, merge entries and periodic
+   snapshots in one transaction, then judge deadlines against the append time of the latest
+   ``.resp`` record merged, writing ``timeout``/``unknown`` records, and append a tick to
+   ``.resp`` when a deadline is near and nothing else would move broker time forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+
+from broker_schema import (
+    AcceptedRecord,
+    ClaimRecord,
+    DecodeError,
+    EffectRequest,
+    EncodeError,
+    InputRecord,
+    ResponseRecord,
+    SpecRecord,
+    TickRecord,
+    decode,
+    encode,
+    record_hash,
+    topics,
+)
+from fx_kafka.client import make_consumer, make_producer
+from fx_kafka.workload import ensure_workload_topics
+from workload_sdk._api import Workload, WorkloadError, module_hash
+from workload_sdk._core import (
+    Core,
+    Item,
+    OutRecord,
+    choose_next,
+    due_at,
+    due_outcomes,
+    holder_outcome,
+)
+from workload_sdk._kafka_io import read_topic, read_workload_log
+from workload_sdk._replay import missing_outputs, out_slots, replay
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Fenced", "HolderConfig", "LeaseHolder", "NoSpec", "transactional_id_for"]
+
+
+class Fenced(Exception):
+    """The broker refused this holder's transaction: a newer holder claimed the workload."""
+
+
+class NoSpec(Exception):
+    """``wl.<id>.spec`` holds no spec, or the module does not match it."""
+
+
+def transactional_id_for(workload_id: str) -> str:
+    """The transactional id of the lease holder of ``workload_id`` (one per workload)."""
+    return f"fx-holder.{topics.check_workload_id(workload_id)}"
+
+
+@dataclass(frozen=True)
+class HolderConfig:
+    """How to run a lease holder.
+
+    ``check_module``: refuse a module whose hash differs from the spec's ``module_hash``.
+    ``max_batch``: most records per transaction. ``poll_ms``: longest wait for new records.
+    ``tick_ms``: shortest gap between two ticks.
+    """
+
+    bootstrap: str
+    workload_id: str
+    holder_id: str
+    check_module: bool = True
+    max_batch: int = 500
+    poll_ms: int = 100
+    tick_ms: int = 20
+
+
+@dataclass
+class HolderStats:
+    """Counters of a running holder (and effect round trips, for benchmarks)."""
+
+    steps: int = 0
+    passed_over: int = 0
+    outputs: int = 0
+    transactions: int = 0
+    ticks: int = 0
+    outcomes_written: int = 0
+    rewritten_outputs: int = 0
+    #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
+    roundtrips_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Req:
+    offset: int
+    time_ms: int
+
+
+class LeaseHolder:
+    """Holds the lease of one workload and runs its fold (see the module docstring).
+
+    Create it, then ``await run(stop)``; it returns when ``stop`` is set, raises :class:`Fenced`
+    when a newer holder took over, :class:`WorkloadError` when the step broke a rule, and
+    :class:`NoSpec` when there is no spec to run.
+    """
+
+    def __init__(self, workload: Workload, config: HolderConfig) -> None:
+        self.workload = workload
+        self.config = config
+        self.epoch = 0
+        self.spec: SpecRecord | None = None
+        self.core: Core | None = None
+        self.stats = HolderStats()
+        self.ready = asyncio.Event()
+        self._requests: dict[str, _Req] = {}
+        self._written_outcomes: set[str] = set()
+        self._now_resp_ms: int | None = None
+        self._clock: tuple[int, float] | None = None  # (broker ms, local monotonic s)
+        self._tick_inflight_since: float | None = None
+        self._producer: Any = None
+
+    # -- start-up ------------------------------------------------------------------------------
+    async def _claim(self) -> None:
+        cfg = self.config
+        spec_view = await read_topic(cfg.bootstrap, topics.spec(cfg.workload_id))
+        spec: tuple[int, SpecRecord] | None = None
+        for rec in spec_view:
+            try:
+                record = decode(rec.value)
+            except DecodeError:
+                continue
+            if isinstance(record, SpecRecord) and record.workload_id == cfg.workload_id:
+                spec = (rec.offset, record)
+        if spec is None:
+            raise NoSpec(f"no spec on {spec_view.topic}")
+        spec_offset, self.spec = spec
+        if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
+            raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
+                         f"{self.spec.module_hash} (spec at offset {spec_offset})")
+        claims = await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id))
+        highest = 0
+        for rec in claims:
+            try:
+                record = decode(rec.value)
+            except DecodeError:
+                continue
+            if isinstance(record, ClaimRecord):
+                highest = max(highest, record.epoch)
+        self.epoch = highest + 1
+        claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
+                            spec_hash=record_hash(self.spec), spec_offset=spec_offset)
+        await self._write([(topics.claims(cfg.workload_id), encode(claim))])
+        log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
+                 spec_offset)
+
+    async def _resume(self) -> None:
+        cfg = self.config
+        wl = await read_workload_log(cfg.bootstrap, cfg.workload_id, with_facts=False)
+        result = replay(self.workload, wl)
+        self.core = result.core
+        recorded = out_slots(wl)
+        for offset, value in recorded.values():
+            record = decode(value)
+            if isinstance(record, EffectRequest):
+                self._requests[record.effect_id] = _Req(offset, wl["out"].records[offset].time_ms)
+        missing = missing_outputs(result, wl)
+        if missing:
+            log.warning("%d output slots computed by replay are not on .out: writing them",
+                        len(missing))
+            self.stats.rewritten_outputs += len(missing)
+            metas = await self._write([(topics.out(cfg.workload_id), encode(o)) for o in missing])
+            self._note_outputs(missing, metas)
+        for rec in wl["resp"]:
+            self._observe_clock(rec.time_ms)
+        log.info("resumed %s at seq %d (snapshot seq %s, %d entries replayed, %d pending)",
+                 cfg.workload_id, self.core.seq, result.snapshot_seq, result.entries,
+                 len(self.core.pending))
+
+    # -- the transactional writer --------------------------------------------------------------
+    async def _write(self, items: list[tuple[str, bytes]]) -> list[Any]:
+        producer = self._producer
+        futures: list[Any] = []
+        try:
+            async with producer.transaction():
+                for topic, value in items:
+                    futures.append(await producer.send(topic, value=value, partition=0))
+            metas = [await f for f in futures]
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            # collect the sends' own errors so none is reported as "never retrieved"
+            await asyncio.gather(*futures, return_exceptions=True)
+            raise Fenced(f"epoch {self.epoch} of {self.config.workload_id} was fenced by the "
+                         f"broker: {exc!r}") from exc
+        self.stats.transactions += 1
+        for meta in metas:
+            self._observe_clock(meta.timestamp)
+        return metas
+
+    def _observe_clock(self, broker_ms: int) -> None:
+        if broker_ms >= 0 and (self._clock is None or broker_ms >= self._clock[0]):
+            self._clock = (broker_ms, time.monotonic())
+
+    def _broker_now_estimate(self) -> float:
+        if self._clock is None:
+            return time.time() * 1000
+        return self._clock[0] + (time.monotonic() - self._clock[1]) * 1000
+
+    def _note_outputs(self, outs: list[OutRecord], metas: list[Any]) -> None:
+        for out, meta in zip(outs, metas, strict=True):
+            if isinstance(out, EffectRequest):
+                self._requests[out.effect_id] = _Req(meta.offset, meta.timestamp)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Claim the workload, resume it, and merge until ``stop`` is set."""
+        cfg = self.config
+        stop = stop or asyncio.Event()
+        await ensure_workload_topics(cfg.bootstrap, cfg.workload_id)
+        self._producer = make_producer(cfg.bootstrap,
+                                       transactional_id=transactional_id_for(cfg.workload_id))
+        await self._producer.start()
+        consumer = None
+        try:
+            await self._claim()
+            await self._resume()
+            assert self.core is not None and self.spec is not None
+            consumer = make_consumer(cfg.bootstrap)
+            await consumer.start()
+            tp_in = TopicPartition(topics.inputs(cfg.workload_id), 0)
+            tp_resp = TopicPartition(topics.resp(cfg.workload_id), 0)
+            consumer.assign([tp_in, tp_resp])
+            consumer.seek(tp_in, self.core.positions["in"])
+            consumer.seek(tp_resp, self.core.positions["resp"])
+            self.ready.set()
+            await self._loop(consumer, tp_in, tp_resp, stop)
+        finally:
+            if consumer is not None:
+                await consumer.stop()
+            try:
+                await self._producer.stop()
+            except KafkaError as exc:  # a fenced producer may fail to close cleanly
+                log.debug("producer stop: %r", exc)
+
+    async def _loop(self, consumer: Any, tp_in: TopicPartition, tp_resp: TopicPartition,
+                    stop: asyncio.Event) -> None:
+        core, spec, cfg = self.core, self.spec, self.config
+        assert core is not None and spec is not None
+        bufs: dict[str, deque[Item]] = {"in": deque(), "resp": deque()}
+        topic_source = {tp_in: "in", tp_resp: "resp"}
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=self._poll_timeout_ms())
+            for tp, msgs in batch.items():
+                source = topic_source[tp]
+                for msg in msgs:
+                    item = self._decode(source, msg)
+                    if item is not None:
+                        bufs[source].append(item)
+            await self._merge_available(bufs)
+            await self._judge_and_tick()
+        log.info("holder of %s stopping at seq %d", cfg.workload_id, core.seq)
+
+    def _decode(self, source: str, msg: Any) -> Item | None:
+        assert self.core is not None
+        try:
+            record = decode(msg.value)
+        except DecodeError as exc:
+            log.warning("skipping undecodable record at %s@%d: %s", msg.topic, msg.offset, exc)
+            self.core.positions[source] = max(self.core.positions[source], msg.offset + 1)
+            return None
+        ok = (InputRecord,) if source == "in" else (AcceptedRecord, ResponseRecord, TickRecord)
+        if not isinstance(record, ok):
+            log.warning("skipping a %s record on %s@%d", record.kind, msg.topic, msg.offset)
+            self.core.positions[source] = max(self.core.positions[source], msg.offset + 1)
+            return None
+        if source == "resp":
+            self._observe_clock(msg.timestamp)
+        return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
+
+    async def _merge_available(self, bufs: dict[str, deque[Item]]) -> None:
+        core, spec, cfg = self.core, self.spec, self.config
+        assert core is not None and spec is not None
+        wid = cfg.workload_id
+        while True:
+            txn: list[tuple[str, bytes]] = []
+            outs: list[OutRecord] = []
+            out_pos: list[int] = []
+            failure: WorkloadError | None = None
+            while len(txn) < cfg.max_batch:
+                source = choose_next(bufs["in"][0] if bufs["in"] else None,
+                                     bufs["resp"][0] if bufs["resp"] else None,
+                                     input_allowed=core.input_allowed(spec))
+                if source is None:
+                    break
+                item = bufs[source].popleft()
+                delivered_eid = None
+                record = item.record
+                if isinstance(record, ResponseRecord) and record.effect_id in core.pending:
+                    delivered_eid = record.effect_id
+                try:
+                    applied = core.apply(item, epoch=self.epoch, spec=spec)
+                except WorkloadError as exc:
+                    failure = exc
+                    break
+                if source == "resp":
+                    self._now_resp_ms = item.time_ms
+                    if isinstance(item.record, TickRecord):
+                        self._tick_inflight_since = None
+                if applied.entry is None:
+                    continue
+                txn.append((topics.merge(wid), encode(applied.entry)))
+                if applied.decision.action == "deliver":
+                    self.stats.steps += 1
+                    if delivered_eid is not None and delivered_eid in self._requests:
+                        self.stats.roundtrips_ms.append(
+                            time.time() * 1000 - self._requests[delivered_eid].time_ms)
+                else:
+                    self.stats.passed_over += 1
+                for out in applied.outputs:
+                    out_pos.append(len(txn))
+                    outs.append(out)
+                    txn.append((topics.out(wid), encode(out)))
+                if applied.snapshot_due:
+                    try:
+                        txn.append((topics.merge(wid), encode(core.snapshot(self.epoch))))
+                    except (ValueError, EncodeError) as exc:
+                        log.warning("snapshot at seq %d skipped: %s", core.seq, exc)
+            if txn:
+                metas = await self._write(txn)
+                self.stats.outputs += len(outs)
+                self._note_outputs(outs, [metas[i] for i in out_pos])
+            if failure is not None:
+                raise failure
+            if not txn:
+                return
+
+    async def _judge_and_tick(self) -> None:
+        core, cfg = self.core, self.config
+        assert core is not None
+        if not core.pending:
+            return
+        times = {eid: r.time_ms for eid, r in self._requests.items()}
+        if self._now_resp_ms is not None:
+            due = due_outcomes(core.pending.values(), times, self._now_resp_ms,
+                               already_written=self._written_outcomes)
+            if due:
+                records = []
+                for d in due:
+                    p = core.pending[d.effect_id]
+                    records.append(holder_outcome(
+                        p, request_offset=self._requests[d.effect_id].offset, outcome=d.outcome,
+                        holder_id=cfg.holder_id, workload_id=cfg.workload_id))
+                    self._written_outcomes.add(d.effect_id)
+                await self._write([(topics.resp(cfg.workload_id), encode(r)) for r in records])
+                self.stats.outcomes_written += len(records)
+                log.info("wrote %s", ", ".join(f"{d.outcome} for {d.effect_id}" for d in due))
+        nxt = self._next_due_ms()
+        if nxt is None or self._broker_now_estimate() <= nxt:
+            return
+        if (self._tick_inflight_since is not None
+                and time.monotonic() - self._tick_inflight_since < cfg.tick_ms / 1000):
+            return
+        tick = TickRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id)
+        await self._write([(topics.resp(cfg.workload_id), encode(tick))])
+        self.stats.ticks += 1
+        self._tick_inflight_since = time.monotonic()
+
+    def _next_due_ms(self) -> int | None:
+        assert self.core is not None
+        dues = [due_at(p, self._requests[eid].time_ms)[1]
+                for eid, p in self.core.pending.items()
+                if eid in self._requests and eid not in self._written_outcomes]
+        return min(dues) if dues else None
+
+    def _poll_timeout_ms(self) -> int:
+        nxt = self._next_due_ms()
+        if nxt is None:
+            return self.config.poll_ms
+        wait = nxt - self._broker_now_estimate() + 1
+        return int(max(1, min(self.config.poll_ms, wait)))

@@ -1,0 +1,85 @@
+"""Reading a workload's streams from the broker into a :class:`WorkloadLog` (read_committed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiokafka import TopicPartition
+
+from broker_schema import DecodeError, FactsRecord, decode, topics
+from fx_kafka.client import make_consumer
+from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
+
+
+async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
+                     timeout: float = 30.0) -> TopicView:
+    """Every committed record of partition 0 of ``topic`` from ``start`` (default: the log start)
+    up to its last stable offset at the time of the call."""
+    consumer = make_consumer(bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        view = TopicView(topic=topic, start=begin, end=begin)
+        first = begin if start is None else max(begin, start)
+        if first >= end:
+            view.end = max(view.end, end)
+            return view
+        consumer.seek(tp, first)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await consumer.position(tp) < end:
+            if loop.time() > deadline:
+                raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
+                                   f"of {end}")
+            batch = await consumer.getmany(tp, timeout_ms=500)
+            for msg in batch.get(tp, []):
+                if msg.offset >= end:
+                    break
+                view.add(LogRecord(msg.offset, msg.timestamp, msg.value or b""))
+        view.end = max(view.end, end)
+        return view
+    finally:
+        await consumer.stop()
+
+
+async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]:
+    """The facts records on ``sys.facts`` (all of them, latest last); empty if the topic is
+    absent."""
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        present = topics.FACTS in await consumer.topics()
+    finally:
+        await consumer.stop()
+    if not present:
+        return []
+    facts: list[FactsRecord] = []
+    view = await read_topic(bootstrap, topics.FACTS, timeout=timeout)
+    for rec in view:
+        try:
+            record = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(record, FactsRecord):
+            facts.append(record)
+    return facts
+
+
+async def read_workload_log(bootstrap: str, workload_id: str, *,
+                            streams: Iterable[str] = STREAMS,
+                            with_facts: bool = True) -> WorkloadLog:
+    """The committed records of a workload's streams (and ``sys.facts``) as a WorkloadLog."""
+    log = WorkloadLog.empty(workload_id)
+    wanted = list(streams)
+    views = await asyncio.gather(
+        *(read_topic(bootstrap, f"wl.{workload_id}.{s}") for s in wanted)
+    )
+    for stream, view in zip(wanted, views, strict=True):
+        log.views[stream] = view
+    if with_facts:
+        log.facts = await read_facts(bootstrap)
+    return log

@@ -1,0 +1,179 @@
+"""A workload's recorded log in memory: what replay, diff and why read. No I/O but JSONL files.
+
+A :class:`WorkloadLog` holds one :class:`TopicView` per workload stream (and the executors' facts).
+It comes from the broker (:func:`workload_sdk._kafka_io.read_workload_log`) or from a JSONL file
+(golden logs beside the tests), one line per record:
+``{"topic": "in", "offset": 3, "ts": 1796000000000, "value": {...record...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker_schema import (
+    ClaimRecord,
+    DecodeError,
+    FactsRecord,
+    Record,
+    SpecRecord,
+    canonical_json,
+    decode,
+)
+
+#: The per-workload streams, by their short name.
+STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
+
+
+class LogGap(Exception):
+    """A record that replay needs is gone: ``trimmed`` (below the log start) or ``missing``
+    (not there, or not committed), or ``undecodable``. Replay stops and reports it."""
+
+    def __init__(self, topic: str, offset: int, why: str, detail: str = "") -> None:
+        text = f"{topic} offset {offset} is {why}"
+        super().__init__(text + (f": {detail}" if detail else ""))
+        self.topic = topic
+        self.offset = offset
+        self.why = why
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record as it sits on the log: offset, broker append time, raw value bytes."""
+
+    offset: int
+    time_ms: int
+    value: bytes
+
+    def decode(self, topic: str = "") -> Record:
+        """The decoded record; :class:`LogGap` (``undecodable``) if it is not a valid record."""
+        try:
+            return decode(self.value)
+        except DecodeError as exc:
+            raise LogGap(topic, self.offset, "undecodable", str(exc)) from None
+
+
+@dataclass
+class TopicView:
+    """The records of one topic partition that were read, by offset.
+
+    ``start`` is the log start offset (records below it were trimmed), ``end`` the offset after
+    the last record read.
+    """
+
+    topic: str
+    start: int = 0
+    end: int = 0
+    records: dict[int, LogRecord] = field(default_factory=dict)
+
+    def add(self, rec: LogRecord) -> None:
+        """Add a record (the view's ``end`` follows)."""
+        self.records[rec.offset] = rec
+        self.end = max(self.end, rec.offset + 1)
+
+    def raw(self, offset: int) -> LogRecord:
+        """The record at ``offset``, or :class:`LogGap` saying whether it was trimmed or is
+        missing."""
+        rec = self.records.get(offset)
+        if rec is not None:
+            return rec
+        if offset < self.start:
+            raise LogGap(self.topic, offset, "trimmed", f"log starts at {self.start}")
+        raise LogGap(self.topic, offset, "missing", f"read up to {self.end}")
+
+    def get(self, offset: int) -> Record:
+        """The decoded record at ``offset`` (:class:`LogGap` if trimmed, missing, undecodable)."""
+        return self.raw(offset).decode(self.topic)
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        return iter(sorted(self.records.values(), key=lambda r: r.offset))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass
+class WorkloadLog:
+    """Every stream of one workload, plus the facts executors published (for signatures)."""
+
+    workload_id: str
+    views: dict[str, TopicView]
+    facts: list[FactsRecord] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, workload_id: str) -> WorkloadLog:
+        """A log with no records."""
+        return cls(workload_id, {s: TopicView(f"wl.{workload_id}.{s}") for s in STREAMS})
+
+    def __getitem__(self, stream: str) -> TopicView:
+        return self.views[stream]
+
+    def claim_for_epoch(self, epoch: int) -> tuple[int, ClaimRecord]:
+        """The claim record (and its offset on ``.claims``) of ``epoch``."""
+        for rec in self.views["claims"]:
+            claim = rec.decode(self.views["claims"].topic)
+            if isinstance(claim, ClaimRecord) and claim.epoch == epoch:
+                return rec.offset, claim
+        raise LogGap(self.views["claims"].topic, -1, "missing", f"no claim for epoch {epoch}")
+
+    def spec_for_epoch(self, epoch: int) -> tuple[int, SpecRecord]:
+        """The spec record the claim of ``epoch`` names (and its offset on ``.spec``)."""
+        _, claim = self.claim_for_epoch(epoch)
+        spec = self.views["spec"].get(claim.spec_offset)
+        if not isinstance(spec, SpecRecord):
+            raise LogGap(self.views["spec"].topic, claim.spec_offset, "missing",
+                         "the claim names a record that is not a spec")
+        return claim.spec_offset, spec
+
+    # -- JSONL ---------------------------------------------------------------------------------
+    def to_jsonl(self, path: Path) -> None:
+        """Write the log as JSONL (sorted by stream, then offset)."""
+        lines = []
+        for stream in STREAMS:
+            view = self.views[stream]
+            lines.append(json.dumps({"topic": stream, "start": view.start, "end": view.end},
+                                    sort_keys=True))
+            for rec in view:
+                lines.append(json.dumps({"topic": stream, "offset": rec.offset, "ts": rec.time_ms,
+                                         "value": json.loads(rec.value)}, sort_keys=True))
+        for fact in self.facts:
+            lines.append(json.dumps({"topic": "facts", "value": fact.model_dump(mode="json")},
+                                    sort_keys=True))
+        path.write_text("\n".join(lines) + "\n")
+
+    @classmethod
+    def from_jsonl(cls, path: Path, workload_id: str | None = None) -> WorkloadLog:
+        """Read a log written by :meth:`to_jsonl` (or by hand: ``start``/``end`` lines are
+        optional). Values are stored as their canonical bytes."""
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        wid = workload_id or _guess_workload_id(rows)
+        log = cls.empty(wid)
+        for row in rows:
+            topic = row["topic"]
+            if topic == "facts":
+                fact = decode(canonical_json(row["value"]))
+                if isinstance(fact, FactsRecord):
+                    log.facts.append(fact)
+                continue
+            view = log.views[topic]
+            if "value" not in row:
+                view.start = int(row.get("start", 0))
+                view.end = max(view.end, int(row.get("end", 0)))
+                continue
+            view.add(LogRecord(int(row["offset"]), int(row["ts"]), canonical_json(row["value"])))
+        return log
+
+
+def _guess_workload_id(rows: list[dict[str, Any]]) -> str:
+    for row in rows:
+        value = row.get("value")
+        if isinstance(value, dict):
+            if "workload_id" in value:
+                return str(value["workload_id"])
+            header = value.get("header")
+            if isinstance(header, dict) and "workload_id" in header:
+                return str(header["workload_id"])
+    raise ValueError("cannot tell the workload id from the log; pass it")

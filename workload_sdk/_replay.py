@@ -1,0 +1,293 @@
+"""Replay and diff: the same :class:`~workload_sdk._core.Core` fed from the recorded log.
+
+Replay reads ``.merge`` (entries and snapshots), fetches each record an entry names from ``.in`` or
+``.resp``, and applies it. It never contacts an executor or loads a model: a response is a record.
+It checks, entry by entry, that the fold decides what the merge log recorded, and (when asked)
+that every output it computes is byte for byte the record on ``.out``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from broker_schema import (
+    AcceptedRecord,
+    EffectRequest,
+    InputRecord,
+    MergeEntry,
+    OutputRecord,
+    ResponseRecord,
+    SnapshotRecord,
+    SpecRecord,
+    TickRecord,
+    decode,
+    encode,
+)
+from workload_sdk._api import Workload, WorkloadError
+from workload_sdk._core import Core, Item, OutRecord
+from workload_sdk._logview import LogGap, WorkloadLog
+
+__all__ = [
+    "DiffReport",
+    "ReplayError",
+    "ReplayResult",
+    "compare_outputs",
+    "diff",
+    "missing_outputs",
+    "out_slots",
+    "replay",
+]
+
+
+class ReplayError(Exception):
+    """The merge log and the fold disagree (the module or the log is not the one recorded)."""
+
+    def __init__(self, merge_offset: int, message: str) -> None:
+        super().__init__(f".merge offset {merge_offset}: {message}")
+        self.merge_offset = merge_offset
+
+
+@dataclass
+class ReplayResult:
+    """What replay rebuilt: the core (state, seq, pending effects), the outputs it computed by
+    slot, where it started, and how many merge entries it applied."""
+
+    core: Core
+    outputs: dict[tuple[int, int], OutRecord] = field(default_factory=dict)
+    snapshot_offset: int | None = None
+    snapshot_seq: int | None = None
+    entries: int = 0
+    steps: int = 0
+    last_epoch: int | None = None
+    merge_end: int = 0
+
+
+def out_slots(log: WorkloadLog) -> dict[tuple[int, int], tuple[int, bytes]]:
+    """Every output on ``.out`` by slot: ``(offset, value bytes)`` of the first record per slot."""
+    slots: dict[tuple[int, int], tuple[int, bytes]] = {}
+    view = log["out"]
+    for rec in view:
+        record = rec.decode(view.topic)
+        if isinstance(record, OutputRecord | EffectRequest):
+            slots.setdefault(record.header.slot, (rec.offset, rec.value))
+    return slots
+
+
+def _merge_records(log: WorkloadLog) -> list[tuple[int, MergeEntry | SnapshotRecord]]:
+    view = log["merge"]
+    items: list[tuple[int, MergeEntry | SnapshotRecord]] = []
+    for rec in view:
+        record = rec.decode(view.topic)
+        if isinstance(record, MergeEntry | SnapshotRecord):
+            items.append((rec.offset, record))
+    return items
+
+
+def _item(log: WorkloadLog, entry: MergeEntry) -> Item:
+    view = log[entry.source]
+    raw = view.raw(entry.source_offset)
+    record = raw.decode(view.topic)
+    if not isinstance(record, InputRecord | AcceptedRecord | ResponseRecord | TickRecord):
+        raise LogGap(view.topic, entry.source_offset, "missing",
+                     f"the merge log names a {record.kind} record")
+    return Item(entry.source, entry.source_offset, raw.time_ms, record)
+
+
+class _Specs:
+    def __init__(self, log: WorkloadLog) -> None:
+        self._log = log
+        self._cache: dict[int, SpecRecord] = {}
+
+    def __call__(self, epoch: int) -> SpecRecord:
+        spec = self._cache.get(epoch)
+        if spec is None:
+            spec = self._cache[epoch] = self._log.spec_for_epoch(epoch)[1]
+        return spec
+
+
+def replay(
+    workload: Workload,
+    log: WorkloadLog,
+    *,
+    to_seq: int | None = None,
+    use_snapshots: bool = True,
+) -> ReplayResult:
+    """Rebuild the fold from the nearest snapshot and the merge log.
+
+    ``to_seq``: stop after the step at that merge position (None: the end of the log). Raises
+    :class:`LogGap` for a trimmed, missing or undecodable record (replay stops there) and
+    :class:`ReplayError` when the fold decides differently from the merge log.
+    """
+    items = _merge_records(log)
+    start_index = 0
+    core: Core | None = None
+    result_snapshot: tuple[int, int] | None = None
+    if use_snapshots:
+        limit = None if to_seq is None else to_seq + 1
+        for i, (offset, record) in enumerate(items):
+            if isinstance(record, SnapshotRecord) and (limit is None or record.seq <= limit):
+                core = Core.from_snapshot(workload, record)
+                start_index = i + 1
+                result_snapshot = (offset, record.seq)
+    if core is None:
+        core = Core.initial(workload, log.workload_id)
+    result = ReplayResult(core=core)
+    if result_snapshot is not None:
+        result.snapshot_offset, result.snapshot_seq = result_snapshot
+    specs = _Specs(log)
+    for offset, record in items[start_index:]:
+        if isinstance(record, SnapshotRecord):
+            if record.seq == core.seq and record.state_hash != core.state_hash:
+                raise ReplayError(offset, f"snapshot at seq {record.seq} has state hash "
+                                  f"{record.state_hash}, the fold has {core.state_hash}")
+            continue
+        if to_seq is not None and record.seq > to_seq:
+            break
+        if record.seq != core.seq:
+            raise ReplayError(offset, f"entry has seq {record.seq}, the fold is at {core.seq}")
+        item = _item(log, record)
+        decision = core.classify(item)
+        if (decision.action, decision.reason) != (record.action, record.reason):
+            recorded = f"{record.action}/{record.reason or '-'}"
+            decided = f"{decision.action}/{decision.reason or '-'}"
+            raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
+                              f"{record.source_offset}, the fold decides {decided}")
+        applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch))
+        result.entries += 1
+        result.last_epoch = record.epoch
+        if applied.decision.action == "deliver":
+            result.steps += 1
+            for out in applied.outputs:
+                result.outputs[out.header.slot] = out
+    result.merge_end = log["merge"].end
+    return result
+
+
+def missing_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
+    """Outputs replay computed whose slot ``(input_offset, index)`` is not on ``.out``: what a new
+    holder writes (slots already written are skipped, so no output is written twice)."""
+    recorded = out_slots(log)
+    return [out for slot, out in sorted(result.outputs.items()) if slot not in recorded]
+
+
+def compare_outputs(result: ReplayResult, log: WorkloadLog) -> list[dict[str, Any]]:
+    """Outputs replay computed that differ from (or are absent on) ``.out``, as plain dicts."""
+    recorded = out_slots(log)
+    problems: list[dict[str, Any]] = []
+    for slot, out in sorted(result.outputs.items()):
+        got = encode(out)
+        have = recorded.get(slot)
+        if have is None:
+            problems.append({"slot": list(slot), "problem": "not on .out"})
+        elif have[1] != got:
+            problems.append({"slot": list(slot), "problem": "differs", "out_offset": have[0]})
+    return problems
+
+
+# ------------------------------------------------------------------------------------- diff
+
+
+DiffKind = Literal["same", "output_differs", "request_divergence", "model_changed", "error"]
+
+
+@dataclass
+class DiffReport:
+    """The result of running a new module over the recorded inputs and answers.
+
+    ``kind``: ``same``; ``output_differs`` (``first`` is the first differing output, ``count``
+    how many differ); ``request_divergence`` (the new code issues a request never recorded, or
+    stops issuing one that was: replay stops there, no executor is called); ``model_changed``
+    (a request names a different model hash: no recorded response applies; compare models with a
+    shadow evaluation); ``error`` (the new code raised).
+    """
+
+    kind: DiffKind
+    steps: int = 0
+    count: int = 0
+    first: dict[str, Any] | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the report."""
+        return {"kind": self.kind, "steps": self.steps, "count": self.count,
+                "first": self.first, "detail": self.detail}
+
+
+def _slot_dict(seq: int, index: int, old: bytes | None, new: bytes | None,
+               out_offset: int | None) -> dict[str, Any]:
+    return {"seq": seq, "index": index, "out_offset": out_offset,
+            "recorded": None if old is None else old.decode(),
+            "new": None if new is None else new.decode()}
+
+
+def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
+    """Run ``new_workload`` over the recorded merge log from seq 0; report the first difference.
+
+    Recorded answers are reused as they are; a request the new code issues that differs from the
+    recorded one in anything but the model stops the diff as a divergence of requests; one that
+    differs only in the model hash stops it as ``model_changed``.
+    """
+    recorded = out_slots(log)
+    core = Core.initial(new_workload, log.workload_id)
+    specs = _Specs(log)
+    report = DiffReport(kind="same")
+    for _offset, record in _merge_records(log):
+        if isinstance(record, SnapshotRecord):
+            continue
+        item = _item(log, record)
+        decision = core.classify(item)
+        if decision.action == "deliver" and record.action != "deliver":
+            report.kind = "request_divergence"
+            report.detail = (f"at seq {record.seq} the recorded fold passed over "
+                             f"{record.effect_id} ({record.reason}); the new code has it pending")
+            return report
+        if record.action == "deliver" and decision.action != "deliver":
+            report.kind = "request_divergence"
+            report.detail = (f"at seq {record.seq} the log delivers the answer to "
+                             f"{record.effect_id}, a request the new code never issued")
+            return report
+        try:
+            applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch))
+        except WorkloadError as exc:
+            report.kind = "error"
+            report.detail = str(exc)
+            return report
+        if applied.decision.action != "deliver":
+            continue
+        report.steps += 1
+        new_slots = {out.header.slot: out for out in applied.outputs}
+        old_slots = {s: v for s, v in recorded.items() if s[0] == record.seq}
+        for slot in sorted(set(new_slots) | set(old_slots)):
+            new = new_slots.get(slot)
+            new_bytes = None if new is None else encode(new)
+            old = old_slots.get(slot)
+            old_bytes = None if old is None else old[1]
+            if new_bytes == old_bytes:
+                continue
+            old_rec = None if old_bytes is None else decode(old_bytes)
+            where = _slot_dict(slot[0], slot[1], old_bytes, new_bytes,
+                               None if old is None else old[0])
+            if isinstance(new, EffectRequest) or isinstance(old_rec, EffectRequest):
+                if (isinstance(new, EffectRequest) and isinstance(old_rec, EffectRequest)
+                        and new.model != old_rec.model
+                        and new.model_copy(update={"model": old_rec.model}) == old_rec):
+                    report.kind = "model_changed"
+                    report.detail = (f"the request at seq {slot[0]} index {slot[1]} names model "
+                                     f"{new.model}, the recorded one {old_rec.model}: no recorded "
+                                     "response applies. Comparing models is a shadow evaluation "
+                                     "(send the recorded requests with the new model to an "
+                                     "executor on a separate stream), not a replay.")
+                else:
+                    report.kind = "request_divergence"
+                    report.detail = (f"the new code's request at seq {slot[0]} index {slot[1]} "
+                                     "was never recorded (or a recorded one is no longer "
+                                     "issued): replay stops here and calls no executor")
+                report.first = where
+                report.count += 1
+                return report
+            report.count += 1
+            if report.first is None:
+                report.kind = "output_differs"
+                report.first = where
+    return report

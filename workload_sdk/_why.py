@@ -1,0 +1,272 @@
+"""``fx why``: the audit walk from an output back to the input bytes, as a set of records.
+
+output on ``.out`` -> its header (step input offset = merge seq, epoch) -> the claim of that epoch
+-> the spec it names (module hash, models in force) -> the merge entry that step saw -> if it was an
+answer: the response (model hash, output, executor, signature checked against ``sys.facts``) -> its
+request on ``.out`` (params, input) -> the step that asked -> ... -> the input record on ``.in``;
+and the snapshot before the earliest step of the walk. Pure: reads a :class:`WorkloadLog`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_der_public_key
+
+from broker_schema import (
+    EffectRequest,
+    FactsRecord,
+    InlineBody,
+    InputRecord,
+    MergeEntry,
+    OutputRecord,
+    ResponseRecord,
+    SnapshotRecord,
+)
+from workload_sdk._logview import LogGap, WorkloadLog
+
+__all__ = ["render_tree", "verify_signature", "why"]
+
+#: The walk stops after this many request -> step hops (a chain of answers asking again).
+MAX_HOPS = 64
+
+
+def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str, Any]:
+    """Check the Ed25519 signature of ``resp`` over :meth:`ResponseRecord.signing_bytes` with the
+    public key the executor published on ``sys.facts`` under the signature's ``key_id``."""
+    sig = resp.signature
+    if sig is None:
+        return {"signed": False, "valid": None, "reason": "the response carries no signature"}
+    node = resp.executor.node_id if resp.executor is not None else None
+    candidates = [f for f in facts if f.key_id == sig.key_id]
+    if node is not None and any(f.node_id == node for f in candidates):
+        candidates = [f for f in candidates if f.node_id == node]
+    out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": node}
+    if not candidates:
+        out.update(valid=None, reason=f"no facts record on sys.facts publishes key {sig.key_id}")
+        return out
+    fact = candidates[-1]
+    try:
+        raw = base64.b64decode(fact.public_key, validate=True)
+        key = (Ed25519PublicKey.from_public_bytes(raw) if len(raw) == 32
+               else load_der_public_key(raw))
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError("the published key is not an Ed25519 key")
+        key.verify(base64.b64decode(sig.value, validate=True), resp.signing_bytes())
+    except InvalidSignature:
+        out.update(valid=False, reason="the signature does not verify with the published key",
+                   facts_node=fact.node_id)
+        return out
+    except (ValueError, binascii.Error) as exc:
+        out.update(valid=False, reason=f"unusable key or signature: {exc}", facts_node=fact.node_id)
+        return out
+    out.update(valid=True, reason="verified with the key published on sys.facts",
+               facts_node=fact.node_id)
+    return out
+
+
+def _body(body: Any) -> dict[str, Any]:
+    data: dict[str, Any] = body.model_dump(mode="json")
+    if isinstance(body, InlineBody):
+        raw = body.raw()
+        data["bytes_sha256"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+        data["size"] = len(raw)
+    return data
+
+
+def _find_output(log: WorkloadLog, out_offset: int | None, at_ms: int | None) -> int:
+    view = log["out"]
+    if out_offset is not None:
+        return out_offset
+    assert at_ms is not None
+    best = None
+    for rec in view:
+        if rec.time_ms <= at_ms:
+            best = rec.offset
+    if best is None:
+        raise LogGap(view.topic, -1, "missing", f"no output at or before {at_ms} ms")
+    return best
+
+
+def _deliveries(log: WorkloadLog) -> tuple[dict[int, tuple[int, MergeEntry]],
+                                           list[tuple[int, SnapshotRecord]]]:
+    by_seq: dict[int, tuple[int, MergeEntry]] = {}
+    snaps: list[tuple[int, SnapshotRecord]] = []
+    view = log["merge"]
+    for rec in view:
+        record = rec.decode(view.topic)
+        if isinstance(record, MergeEntry) and record.action == "deliver":
+            by_seq[record.seq] = (rec.offset, record)
+        elif isinstance(record, SnapshotRecord):
+            snaps.append((rec.offset, record))
+    return by_seq, snaps
+
+
+def why(log: WorkloadLog, *, out_offset: int | None = None,
+        at_ms: int | None = None) -> dict[str, Any]:
+    """The audit walk for the output at ``out_offset`` on ``.out`` (or the latest output appended
+    at or before ``at_ms``), as a JSON-able tree. Raises :class:`LogGap` for a record that is
+    trimmed or missing."""
+    if (out_offset is None) == (at_ms is None):
+        raise ValueError("give exactly one of out_offset and at_ms")
+    offset = _find_output(log, out_offset, at_ms)
+    by_seq, snaps = _deliveries(log)
+    steps_seen: list[int] = []
+
+    def step_node(seq: int, epoch: int, hops: int) -> dict[str, Any]:
+        steps_seen.append(seq)
+        claim_offset, claim = log.claim_for_epoch(epoch)
+        spec_offset, spec = log.spec_for_epoch(epoch)
+        node: dict[str, Any] = {
+            "seq": seq,
+            "epoch": epoch,
+            "claim": {"offset": claim_offset, "holder_id": claim.holder_id,
+                      "spec_offset": claim.spec_offset, "spec_hash": claim.spec_hash},
+            "spec": {"offset": spec_offset, "module_hash": spec.module_hash,
+                     "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq)},
+        }
+        if seq not in by_seq:
+            raise LogGap(log["merge"].topic, -1, "missing", f"no merge entry delivers seq {seq}")
+        merge_offset, entry = by_seq[seq]
+        node["merge"] = {"offset": merge_offset, "source": entry.source,
+                         "source_offset": entry.source_offset, "epoch": entry.epoch}
+        view = log[entry.source]
+        raw = view.raw(entry.source_offset)
+        record = raw.decode(view.topic)
+        if isinstance(record, InputRecord):
+            node["input"] = {"topic": view.topic, "offset": raw.offset, "time_ms": raw.time_ms,
+                             "source": record.source, "body": _body(record.body)}
+            return node
+        if not isinstance(record, ResponseRecord):
+            raise LogGap(view.topic, raw.offset, "missing", f"merge names a {record.kind}")
+        resp: dict[str, Any] = {
+            "topic": view.topic, "offset": raw.offset, "time_ms": raw.time_ms,
+            "effect_id": record.effect_id, "outcome": record.outcome,
+            "model_hash": record.model_hash,
+            "output": None if record.output is None else _body(record.output),
+            "error": None if record.error is None else record.error.model_dump(mode="json"),
+            "executor": None if record.executor is None else record.executor.model_dump(
+                mode="json"),
+            "written_by": record.written_by,
+            "signature": verify_signature(record, log.facts),
+        }
+        node["response"] = resp
+        out_view = log["out"]
+        req_raw = out_view.raw(record.request_offset)
+        req = req_raw.decode(out_view.topic)
+        if not isinstance(req, EffectRequest) or req.effect_id != record.effect_id:
+            raise LogGap(out_view.topic, record.request_offset, "missing",
+                         f"the response names it as the request of {record.effect_id}")
+        resp["model_matches_request"] = (record.model_hash == req.model
+                                         if record.model_hash and req.model else None)
+        resp["request"] = {
+            "topic": out_view.topic, "offset": req_raw.offset, "time_ms": req_raw.time_ms,
+            "effect_kind": req.effect_kind, "model": req.model, "params": dict(req.params),
+            "input": None if req.input is None else _body(req.input),
+            "deadline_ms": req.deadline_ms, "header": req.header.model_dump(mode="json"),
+        }
+        if hops >= MAX_HOPS:
+            resp["request"]["step"] = {"truncated": f"more than {MAX_HOPS} hops"}
+        else:
+            resp["request"]["step"] = step_node(req.header.input_offset, req.header.epoch,
+                                                hops + 1)
+        return node
+
+    out_view = log["out"]
+    out_raw = out_view.raw(offset)
+    out_rec = out_raw.decode(out_view.topic)
+    if not isinstance(out_rec, OutputRecord | EffectRequest):
+        raise LogGap(out_view.topic, offset, "missing", f"a {out_rec.kind} is not an output")
+    tree: dict[str, Any] = {
+        "workload_id": log.workload_id,
+        "output": {"topic": out_view.topic, "offset": offset, "time_ms": out_raw.time_ms,
+                   "kind": out_rec.kind, "header": out_rec.header.model_dump(mode="json"),
+                   "effect_id": out_rec.header.effect_id,
+                   "effect_kind": out_rec.effect_kind if isinstance(out_rec, EffectRequest)
+                   else None,
+                   "params": dict(out_rec.params) if isinstance(out_rec, EffectRequest) else None,
+                   "body": _body(out_rec.body) if isinstance(out_rec, OutputRecord) else None},
+    }
+    tree["step"] = step_node(out_rec.header.input_offset, out_rec.header.epoch, 0)
+    earliest = min(steps_seen)
+    before = [(o, s) for o, s in snaps if s.seq <= earliest]
+    tree["snapshot_before"] = (
+        {"merge_offset": before[-1][0], "seq": before[-1][1].seq,
+         "state_hash": before[-1][1].state_hash, "epoch": before[-1][1].epoch}
+        if before else {"seq": 0, "note": "no snapshot before: replay starts from the initial "
+                        "state"}
+    )
+    tree["replay"] = (f"fx replay {log.workload_id} --to {earliest - 1}" if earliest > 0
+                      else "the earliest step saw the initial state")
+    return tree
+
+
+def render_tree(tree: dict[str, Any]) -> str:
+    """The walk as an indented tree for a terminal."""
+    lines: list[str] = []
+    o = tree["output"]
+    lines.append(f"output {o['topic']}@{o['offset']} ({o['kind']}"
+                 f"{' ' + o['effect_kind'] if o['effect_kind'] else ''}) effect {o['effect_id']}")
+    if o["params"] is not None:
+        lines.append(f"  params {o['params']}")
+    if o["body"] is not None:
+        lines.append(f"  body {_short(o['body'])}")
+
+    def step(node: dict[str, Any], depth: int) -> None:
+        pad = "  " * depth
+        if "truncated" in node:
+            lines.append(f"{pad}... {node['truncated']}")
+            return
+        c, s, m = node["claim"], node["spec"], node["merge"]
+        lines.append(f"{pad}└ step seq {node['seq']} epoch {node['epoch']} "
+                     f"(merge @{m['offset']}: {m['source']}@{m['source_offset']})")
+        lines.append(f"{pad}  claim @{c['offset']} holder {c['holder_id']} -> spec "
+                     f"@{s['offset']} module {s['module_hash'][:19]}… models {s['models']}")
+        if "input" in node:
+            i = node["input"]
+            lines.append(f"{pad}  input {i['topic']}@{i['offset']} t={i['time_ms']} "
+                         f"source={i['source']} {_short(i['body'])}")
+            return
+        r = node["response"]
+        sig = r["signature"]
+        verdict = ("valid" if sig.get("valid") else "INVALID" if sig.get("valid") is False
+                   else "not checked") if sig["signed"] else "unsigned"
+        lines.append(f"{pad}  response {r['topic']}@{r['offset']} outcome {r['outcome']} "
+                     f"model {r['model_hash']} by {r['written_by']}")
+        if r["executor"]:
+            e = r["executor"]
+            lines.append(f"{pad}    executor {e['node_id']} {e['engine']} "
+                         f"{e['engine_version']} {e['device_class']}")
+        if r["output"] is not None:
+            lines.append(f"{pad}    output {_short(r['output'])}")
+        if r["error"] is not None:
+            lines.append(f"{pad}    error {r['error']}")
+        lines.append(f"{pad}    signature {verdict}: {sig.get('reason')}")
+        q = r["request"]
+        lines.append(f"{pad}    request {q['topic']}@{q['offset']} {q['effect_kind']} model "
+                     f"{q['model']} params {q['params']} deadline {q['deadline_ms']} ms")
+        if q["input"] is not None:
+            lines.append(f"{pad}      input {_short(q['input'])}")
+        step(q["step"], depth + 3)
+
+    step(tree["step"], 1)
+    snap = tree["snapshot_before"]
+    lines.append(f"snapshot before: seq {snap['seq']}"
+                 + (f" at .merge@{snap['merge_offset']} state {snap['state_hash']}"
+                    if "merge_offset" in snap else f" ({snap['note']})"))
+    lines.append(f"state at the time: {tree['replay']}")
+    return "\n".join(lines)
+
+
+def _short(body: dict[str, Any], limit: int = 80) -> str:
+    if body.get("type") != "inline":
+        return f"{body.get('type')} ref {body}"
+    text = repr(body.get("data"))
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return f"{body.get('encoding')} {text} ({body.get('size')} B, {body.get('bytes_sha256')})"

@@ -1,0 +1,305 @@
+"""``fx workload``, ``fx replay`` and ``fx why``.
+
+Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a rule
+(:class:`WorkloadError`); 3 a record replay needs is trimmed, missing or undecodable (``LogGap``),
+or a holder was fenced; 4 no spec / module mismatch, or the fold disagrees with the merge log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from datetime import datetime
+from typing import Any
+
+from broker_schema import InputRecord, SpecRecord, encode, topics
+from fx_kafka.client import make_producer
+from fx_kafka.workload import ensure_workload_topics
+from workload_sdk._api import WorkloadError, body_of, module_hash
+from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
+from workload_sdk._kafka_io import read_workload_log
+from workload_sdk._loader import load_workload
+from workload_sdk._logview import LogGap
+from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
+from workload_sdk._why import render_tree, why
+
+EXIT_DIFF = 1
+EXIT_WORKLOAD = 2
+EXIT_GAP = 3
+EXIT_FENCED = 3
+EXIT_MISMATCH = 4
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    value = args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP")
+    if not value:
+        raise SystemExit("no broker: pass --bootstrap HOST:PORT or set FX_KAFKA_BOOTSTRAP")
+    return str(value)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+# ------------------------------------------------------------------------------- fx workload
+
+
+def _run(args: argparse.Namespace) -> int:
+    workload = load_workload(args.module)
+    holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
+    config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
+                          check_module=not args.no_module_check)
+    holder = LeaseHolder(workload, config)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await holder.run(stop)
+        except Fenced as exc:
+            print(f"fenced: {exc}", file=sys.stderr, flush=True)
+            return EXIT_FENCED
+        except WorkloadError as exc:
+            print(f"workload error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_WORKLOAD
+        except NoSpec as exc:
+            print(f"cannot run: {exc}", file=sys.stderr, flush=True)
+            return EXIT_MISMATCH
+        return 0
+
+    return asyncio.run(main())
+
+
+def _spec(args: argparse.Namespace) -> int:
+    models = {}
+    for item in args.model or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--model takes NAME=sha256:HEX, got {item!r}")
+        models[name] = value
+    spec = SpecRecord(
+        workload_id=args.id,
+        module_hash=module_hash(load_workload(args.module)),
+        effect_kinds=tuple(args.kind or ()),
+        models=models,
+        outstanding_limit=args.outstanding_limit,
+        deadline_default_ms=args.deadline_ms,
+        executor_lease_ms=args.executor_lease_ms,
+        snapshot_every=args.snapshot_every,
+    )
+    offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id), encode(spec)))
+    print(f"spec written to {topics.spec(args.id)}@{offset}")
+    return 0
+
+
+def _input(args: argparse.Namespace) -> int:
+    if args.json is not None:
+        body = body_of(json.loads(args.json))
+    elif args.text is not None:
+        body = body_of(args.text)
+    else:
+        with open(args.file, "rb") as fh:
+            body = body_of(fh.read(), media_type=args.media_type)
+    record = InputRecord(workload_id=args.id, body=body, source=args.source)
+    offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.inputs(args.id),
+                                  encode(record)))
+    print(f"input written to {topics.inputs(args.id)}@{offset}")
+    return 0
+
+
+async def _produce(bootstrap: str, workload_id: str, topic: str, value: bytes) -> int:
+    await ensure_workload_topics(bootstrap, workload_id)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic, value=value, partition=0)
+        return int(meta.offset)
+    finally:
+        await producer.stop()
+
+
+# --------------------------------------------------------------------------------- fx replay
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if not args.module:
+        raise SystemExit("replay needs --module MODULE:Class (the code to fold with)")
+    workload = load_workload(args.module)
+    try:
+        log = asyncio.run(read_workload_log(_bootstrap(args), args.id, with_facts=False))
+    except LogGap as exc:
+        print(f"replay stopped: {exc}", file=sys.stderr)
+        return EXIT_GAP
+    if args.diff:
+        report = diff(workload, log)
+        if args.json:
+            _print_json(report.as_dict())
+        else:
+            print(f"diff over {report.steps} steps: {report.kind}")
+            if report.detail:
+                print(report.detail)
+            if report.first is not None:
+                print(f"first difference: seq {report.first['seq']} index "
+                      f"{report.first['index']} (.out@{report.first['out_offset']})")
+                print(f"  recorded: {report.first['recorded']}")
+                print(f"  new:      {report.first['new']}")
+            if report.kind == "output_differs":
+                print(f"{report.count} outputs differ")
+        return 0 if report.kind == "same" else EXIT_DIFF
+    try:
+        result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start)
+    except LogGap as exc:
+        print(f"replay stopped: {exc}", file=sys.stderr)
+        return EXIT_GAP
+    except ReplayError as exc:
+        print(f"replay disagrees with the merge log: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
+    except WorkloadError as exc:
+        print(f"workload error during replay: {exc}", file=sys.stderr)
+        return EXIT_WORKLOAD
+    problems = compare_outputs(result, log)
+    core = result.core
+    summary = {
+        "workload_id": args.id,
+        "seq": core.seq,
+        "last_step": core.seq - 1,
+        "state": core.state,
+        "state_hash": core.state_hash,
+        "pending": sorted(core.pending),
+        "snapshot": None if result.snapshot_seq is None else {
+            "merge_offset": result.snapshot_offset, "seq": result.snapshot_seq},
+        "entries_replayed": result.entries,
+        "steps_replayed": result.steps,
+        "outputs_checked": len(result.outputs),
+        "output_problems": problems,
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        snap = summary["snapshot"]
+        print(f"workload {args.id}: state after step {core.seq - 1} "
+              f"(from {'snapshot seq ' + str(snap['seq']) if snap else 'the initial state'}, "
+              f"{result.entries} merge entries replayed)")
+        print(f"state_hash {core.state_hash}")
+        print(json.dumps(core.state, indent=2, sort_keys=True))
+        print(f"{len(result.outputs)} outputs recomputed, "
+              f"{len(problems)} differ from .out" + (f": {problems}" if problems else ""))
+    return EXIT_MISMATCH if problems else 0
+
+
+# ------------------------------------------------------------------------------------ fx why
+
+
+def _parse_time(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def _why(args: argparse.Namespace) -> int:
+    try:
+        log = asyncio.run(read_workload_log(_bootstrap(args), args.id))
+        tree = why(log, out_offset=args.output,
+                   at_ms=None if args.at is None else _parse_time(args.at))
+    except LogGap as exc:
+        print(f"why stopped: {exc}", file=sys.stderr)
+        return EXIT_GAP
+    if args.json:
+        _print_json(tree)
+    else:
+        print(render_tree(tree))
+    return 0
+
+
+# -------------------------------------------------------------------------------- register
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fx workload``, ``fx replay`` and ``fx why``."""
+    def bootstrap_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
+
+    wl = subparsers.add_parser("workload", help="run a workload's lease holder; write specs "
+                               "and inputs")
+    sub = wl.add_subparsers(dest="workload_cmd", required=True)
+    run = sub.add_parser("run", help="hold the lease of a workload and run its fold")
+    run.add_argument("module", help="MODULE:Class or file.py:Class")
+    run.add_argument("--id", required=True, help="workload id")
+    run.add_argument("--holder-id", help="this holder's id (default: host-pid)")
+    run.add_argument("--no-module-check", action="store_true",
+                     help="run even if the module does not hash to the spec's module_hash")
+    bootstrap_arg(run)
+    run.set_defaults(func=_run)
+
+    spec = sub.add_parser("spec", help="write a spec record for a workload")
+    spec.add_argument("id")
+    spec.add_argument("--module", required=True, help="MODULE:Class (its hash goes in the spec)")
+    spec.add_argument("--kind", action="append", help="an effect kind to bind (repeatable)")
+    spec.add_argument("--model", action="append", help="NAME=sha256:HEX (repeatable)")
+    spec.add_argument("--outstanding-limit", type=int, default=16)
+    spec.add_argument("--deadline-ms", type=int, default=5_000)
+    spec.add_argument("--executor-lease-ms", type=int, default=30_000)
+    spec.add_argument("--snapshot-every", type=int, default=100)
+    bootstrap_arg(spec)
+    spec.set_defaults(func=_spec)
+
+    inp = sub.add_parser("input", help="append an input record to wl.<id>.in")
+    inp.add_argument("id")
+    group = inp.add_mutually_exclusive_group(required=True)
+    group.add_argument("--json", help="a JSON value")
+    group.add_argument("--text", help="UTF-8 text")
+    group.add_argument("--file", help="a file's bytes")
+    inp.add_argument("--media-type")
+    inp.add_argument("--source")
+    bootstrap_arg(inp)
+    inp.set_defaults(func=_input)
+
+    rp = subparsers.add_parser("replay", help="rebuild a workload's state from its log "
+                               "(never calls an executor)")
+    rp.add_argument("id")
+    rp.add_argument("--module", help="MODULE:Class: the code to fold with (with --diff: the "
+                    "new code)")
+    rp.add_argument("--to", type=int, help="stop after the step at this merge seq")
+    rp.add_argument("--from-start", action="store_true", help="ignore snapshots")
+    rp.add_argument("--diff", action="store_true", help="run --module over the recorded "
+                    "inputs and answers and report the first output that differs")
+    rp.add_argument("--json", action="store_true")
+    bootstrap_arg(rp)
+    rp.set_defaults(func=_replay)
+
+    wy = subparsers.add_parser("why", help="walk from an output back to its inputs and model")
+    wy.add_argument("id")
+    where = wy.add_mutually_exclusive_group(required=True)
+    where.add_argument("--output", type=int, help="offset of the output on wl.<id>.out")
+    where.add_argument("--at", help="time (ms since the epoch, or ISO 8601): the latest output "
+                       "appended at or before it")
+    wy.add_argument("--json", action="store_true")
+    bootstrap_arg(wy)
+    wy.set_defaults(func=_why)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workload_sdk``: the same subcommands as ``fx``, without the rest of ``fx``."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="python -m workload_sdk",
+                                     description="workload, replay and why (as in fx)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code

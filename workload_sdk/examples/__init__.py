@@ -1,0 +1,1 @@
+"""Example workloads (used by the docs and the tests)."""
