@@ -35,8 +35,29 @@ def record_hash(record: BaseModel) -> str:
     return sha256_hex(canonical_json(record.model_dump(mode="json")))
 
 
+_SAFE = 2**53
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+class _OutOfDomain(ValueError):
+    """A number RFC 8785 cannot carry exactly (so the record could not be re-encoded)."""
+
+
+def _parse_int(text: str) -> int:
+    value = int(text)
+    if not -_SAFE < value < _SAFE:
+        raise _OutOfDomain(f"integer {text[:40]} is beyond +-(2^53 - 1)")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not -_SAFE < value < _SAFE:
+        raise _OutOfDomain(f"number {text[:40]} is beyond +-2^53 (or not finite)")
+    return value
 
 
 def _summarise(exc: ValidationError) -> str:
@@ -62,7 +83,10 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False)
     if len(raw) > MAX_RECORD_BYTES:
         raise DecodeError("oversize", f"record is {len(raw)} bytes, limit is {MAX_RECORD_BYTES}")
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant,
+                         parse_int=_parse_int, parse_float=_parse_float)
+    except _OutOfDomain as exc:
+        raise DecodeError("invalid_record", str(exc)) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise DecodeError("not_json", f"{type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
@@ -82,10 +106,14 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False)
         raise DecodeError("invalid_record", f"{kind}: {_summarise(exc)}") from None
     except (ValueError, TypeError, RecursionError) as exc:  # defensive: never leak another type
         raise DecodeError("invalid_record", f"{kind}: {type(exc).__name__}: {exc}") from None
-    try:
-        canonical = canonical_json(record.model_dump(mode="json"))
-    except EncodeError as exc:
-        raise DecodeError("invalid_record", f"{kind}: {exc.detail}") from None
-    if strict and canonical != raw:
-        raise DecodeError("not_canonical", f"{kind} record is valid but not in canonical form")
+    # Every number was checked to be within RFC 8785's exact domain while parsing, so the record
+    # can always be re-encoded; only strict mode pays for doing it.
+    if strict:
+        try:
+            canonical = canonical_json(record.model_dump(mode="json"))
+        except EncodeError as exc:
+            raise DecodeError("invalid_record", f"{kind}: {exc.detail}") from None
+        if canonical != raw:
+            raise DecodeError("not_canonical", f"{kind} record is valid but not in canonical "
+                              "form")
     return record

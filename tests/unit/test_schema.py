@@ -219,3 +219,22 @@ def test_docs_record_examples_are_canonical_records() -> None:
         record = bs.decode(block.encode(), strict=True)
         kinds.add(record.kind)
     assert kinds == set(bs.RECORD_TYPES)
+
+
+@given(records)
+@settings(max_examples=150, deadline=None)
+def test_every_decoded_record_re_encodes(record: Any) -> None:
+    """decode() without strict mode still returns only records encode() accepts."""
+    loose = json.dumps(record.model_dump(mode="json")).encode()
+    assert bs.encode(bs.decode(loose)) == bs.encode(record)
+
+
+@pytest.mark.parametrize("number", [b"9007199254740992", b"-9007199254740993", b"1e300",
+                                    b"9007199254740992.0"])
+def test_numbers_outside_the_exact_domain_are_refused(number: bytes) -> None:
+    data = (b'{"kind":"request","v":1,"header":{"workload_id":"w","input_offset":0,"index":0,'
+            b'"epoch":1,"shadow":null},"effect_kind":"ninelives:inference/run@0.1.0",'
+            b'"model":null,"params":{"x":' + number + b'},"input":null,"deadline_ms":5}')
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(data)
+    assert info.value.code == "invalid_record"

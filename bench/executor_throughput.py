@@ -1,0 +1,272 @@
+"""Executor throughput and latency, side by side with direct ONNX Runtime calls in the same run.
+
+    .venv/bin/python bench/executor_throughput.py [--requests 300] [--json OUT.json]
+
+Uses ``FX_KAFKA_BOOTSTRAP`` if set, else starts a local Apache Kafka (fx_kafka.testing). For each
+model (a trivial ONNX graph ``y = x + 1`` over float32 [1, 16] built with the ``onnx`` helper API
+when ``onnx`` is installed, else the silero-vad opset-15 file on 0.1 s of silence; and magika on a
+Python source file):
+
+- ``direct``: ``InferenceSession.run`` in a loop, one request per call (and for magika also in
+  batches of 8): requests/s and per-call latency;
+- ``executor burst``: N requests written to ``wl.<id>.out`` at once, an in-process executor
+  (1 worker thread, ``max_batch`` 1 and 8) answers them: requests/s from the first request's append
+  to the last response's append, and latency per request from its append to its response's append
+  (both broker LogAppendTime, so one clock);
+- ``executor sequential``: one request at a time (write, wait for the response): the latency floor.
+
+Every mode is bounded by a request count and a timeout; the run stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from aiokafka import TopicPartition
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from broker_schema import decode, encode, topics  # noqa: E402
+from broker_schema.records import (  # noqa: E402
+    INFERENCE_KIND,
+    ClaimRecord,
+    EffectHeader,
+    EffectRequest,
+    InlineBody,
+    ResponseRecord,
+    SpecRecord,
+)
+from executor.config import load_config  # noqa: E402
+from executor.engines.onnx import magika_features  # noqa: E402
+from executor.models import ModelStore, locate_package_model  # noqa: E402
+from executor.service import ExecutorService  # noqa: E402
+from fx_kafka.client import make_consumer, make_producer  # noqa: E402
+from fx_kafka.testing import broker_for_tests  # noqa: E402
+from fx_kafka.workload import ensure_system_topics, ensure_workload_topics  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summary(latencies_ms: list[float], seconds: float, n: int) -> dict[str, float]:
+    return {
+        "requests": n,
+        "rps": round(n / seconds, 1) if seconds > 0 else 0.0,
+        "p50_ms": round(pct(latencies_ms, 0.50), 3),
+        "p99_ms": round(pct(latencies_ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(latencies_ms), 3),
+    }
+
+
+def trivial_model(path: Path) -> bool:
+    """Write ``y = x + 1`` (float32 [N, 16]) to ``path``; False when ``onnx`` is missing."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        return False
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "add1", [x], [y],
+                              initializer=[one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return True
+
+
+def direct(session: ort.InferenceSession, feeds: dict[str, Any], n: int) -> dict[str, float]:
+    lat: list[float] = []
+    session.run(None, feeds)  # warm
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = time.perf_counter()
+        session.run(None, feeds)
+        lat.append((time.perf_counter() - s) * 1000)
+    return summary(lat, time.perf_counter() - t0, n)
+
+
+def session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+class Bench:
+    def __init__(self, bootstrap: str, store: ModelStore, tmp: Path) -> None:
+        self.bootstrap, self.store, self.tmp = bootstrap, store, tmp
+
+    async def executor_run(self, model_hash: str, data: bytes, n: int, *, max_batch: int,
+                           sequential: bool, timeout: float = 120.0) -> dict[str, float]:
+        wid = f"bench-{uuid.uuid4().hex[:10]}"
+        await ensure_workload_topics(self.bootstrap, wid)
+        producer = make_producer(self.bootstrap)
+        await producer.start()
+        cfg = load_config(
+            environ={}, node_id=f"bench-{wid}", bootstrap=self.bootstrap,
+            topic_pattern=rf"^wl\.{wid}\.out$", group_prefix=f"bench-{wid}",
+            model_dir=self.store.root, key_file=self.tmp / "node.key",
+            chunk_dir=self.tmp / "chunks", http_port=None, workers=1, max_batch=max_batch,
+            kinds={INFERENCE_KIND: 10_000}, preload=[model_hash], metadata_max_age_ms=500,
+            facts_interval_s=0,
+        )
+        service = ExecutorService(cfg)
+        task = asyncio.create_task(service.run())
+        resp_consumer = make_consumer(self.bootstrap, isolation_level="read_uncommitted")
+        await resp_consumer.start()
+        try:
+            await producer.send_and_wait(topics.spec(wid), encode(SpecRecord(
+                workload_id=wid, module_hash="sha256:" + "1" * 64,
+                effect_kinds=(INFERENCE_KIND,), models={"m": model_hash})))
+            await producer.send_and_wait(topics.claims(wid), encode(ClaimRecord(
+                workload_id=wid, epoch=1, holder_id="bench", spec_hash="sha256:" + "0" * 64,
+                spec_offset=0)))
+            while not all(c.assignment() for c in service._consumers.values()):
+                await asyncio.sleep(0.05)
+            tp = TopicPartition(topics.resp(wid), 0)
+            resp_consumer.assign([tp])
+            await resp_consumer.seek_to_beginning(tp)
+            body = InlineBody.of_bytes(data)
+
+            def req(i: int) -> bytes:
+                return encode(EffectRequest(
+                    header=EffectHeader(workload_id=wid, input_offset=i, index=0, epoch=1),
+                    effect_kind=INFERENCE_KIND, model=model_hash, input=body,
+                    deadline_ms=600_000))
+
+            sent: dict[int, int] = {}  # request offset -> append ms
+            answered: dict[int, int] = {}  # request offset -> response append ms
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+
+            async def drain(until: int) -> None:
+                while len(answered) < until:
+                    if loop.time() > deadline:
+                        raise TimeoutError(f"{len(answered)}/{until} answered")
+                    batch = await resp_consumer.getmany(tp, timeout_ms=200)
+                    for msg in batch.get(tp, []):
+                        rec = decode(msg.value)
+                        if isinstance(rec, ResponseRecord):
+                            assert rec.outcome == "ok", rec.error
+                            answered[rec.request_offset] = msg.timestamp
+
+            if sequential:
+                for i in range(n):
+                    meta = await producer.send_and_wait(topics.out(wid), req(i))
+                    sent[meta.offset] = meta.timestamp
+                    await drain(i + 1)
+            else:
+                futs = [await producer.send(topics.out(wid), req(i)) for i in range(n)]
+                for f in futs:
+                    meta = await f
+                    sent[meta.offset] = meta.timestamp
+                await drain(n)
+            lat = [float(answered[o] - sent[o]) for o in sent]
+            span = (max(answered.values()) - min(sent.values())) / 1000
+            out = summary(lat, span, n)
+            batches = service.metrics.registry.get_sample_value(
+                "fx_executor_batch_size_sum", {"model": model_hash})
+            calls = service.metrics.registry.get_sample_value(
+                "fx_executor_batch_size_count", {"model": model_hash})
+            out["mean_batch"] = round((batches or 0) / (calls or 1), 2)
+            return out
+        finally:
+            await resp_consumer.stop()
+            service.request_stop()
+            await asyncio.wait_for(task, 60)
+            await producer.stop()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    n = args.requests
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(), "onnxruntime": ort.__version__,
+        "requests": n,
+    }
+    with tempfile.TemporaryDirectory(prefix="fx-bench-") as d:
+        tmp = Path(d)
+        store = ModelStore(tmp / "models")
+        magika = store.import_package("magika")
+        trivial_path = tmp / "add1.onnx"
+        if trivial_model(trivial_path):
+            trivial = store.import_path(trivial_path, name="add1")
+            x = np.arange(16, dtype=np.float32).reshape(1, 16)
+            trivial_feeds: dict[str, Any] = {"x": x}
+            trivial_input = json.dumps({"inputs": {"x": {
+                "dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}).encode()
+            results["trivial_model"] = "onnx helper: y = x + 1, float32 [1, 16]"
+        else:
+            src = locate_package_model("silero_vad", "data/silero_vad_16k_op15.onnx")
+            trivial = store.import_path(src, name="silero-op15")
+            trivial_feeds = {"input": np.zeros((1, 576), np.float32),
+                             "state": np.zeros((2, 1, 128), np.float32),
+                             "sr": np.array(16000, np.int64)}
+            trivial_input = json.dumps({"inputs": {
+                "input": {"dtype": "float32", "shape": [1, 576], "data": [0.0] * 576},
+                "state": {"dtype": "float32", "shape": [2, 1, 128], "data": [0.0] * 256},
+                "sr": {"dtype": "int64", "shape": [], "data": 16000}}}).encode()
+            results["trivial_model"] = "silero-vad op15, one 512-sample chunk (onnx missing)"
+        py = (ROOT / "executor" / "core.py").read_bytes()
+        feats = np.asarray([magika_features(py, magika.config)], dtype=np.int32)
+
+        msess = session(store.path(magika.hash))
+        results["direct"] = {
+            "trivial": direct(session(store.path(trivial.hash)), trivial_feeds, n),
+            "magika": direct(msess, {"bytes": feats}, n),
+        }
+        b8 = direct(msess, {"bytes": np.repeat(feats, 8, axis=0)}, max(1, n // 8))
+        b8["rps"] = round(b8["rps"] * 8, 1)  # requests, not calls
+        results["direct"]["magika_batch8"] = b8
+
+        async with broker_for_tests() as bootstrap:
+            await ensure_system_topics(bootstrap)
+            bench = Bench(bootstrap, store, tmp)
+            ex: dict[str, Any] = {}
+            for name, mh, data in (("trivial", trivial.hash, trivial_input),
+                                   ("magika", magika.hash, py)):
+                ex[f"{name}_sequential"] = await bench.executor_run(
+                    mh, data, min(n, 100), max_batch=1, sequential=True)
+                ex[f"{name}_burst_batch1"] = await bench.executor_run(
+                    mh, data, n, max_batch=1, sequential=False)
+                ex[f"{name}_burst_batch8"] = await bench.executor_run(
+                    mh, data, n, max_batch=8, sequential=False)
+            results["executor"] = ex
+    d_ = results["direct"]
+    results["ratios"] = {
+        f"{k}: executor rps / direct rps": round(v["rps"] / d_[k.split("_")[0]]["rps"], 4)
+        for k, v in results["executor"].items()
+    }
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--json", help="also write the results here")
+    a = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    res = asyncio.run(main(a))
+    text = json.dumps(res, indent=2)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text + "\n")

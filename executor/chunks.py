@@ -1,0 +1,254 @@
+"""The chunk store: bodies over the 64 KiB inline limit, named by the sha256 of their bytes.
+
+Two backends with one interface (:class:`ChunkStore`):
+
+- :class:`FsChunkStore` (default): ``<dir>/sha256/<hex>``, written atomically. One machine, or a
+  shared filesystem.
+- :class:`KafkaChunkStore`: the compacted topic ``sys.chunks`` (one partition), with a
+  :class:`FsChunkStore` as local cache. Chosen over an S3-compatible store because a Kafka broker
+  is always there (no new service, credentials or client library), it replicates the chunks exactly
+  as it replicates the records that name them, and compaction by key never drops a chunk while it
+  is the latest value of its key (content-addressed values never change, so every chunk stays).
+  A chunk larger than the frame cap is split into parts of :data:`PART_BYTES`, keyed
+  ``<hash>/<i>/<n>``; each part's headers repeat the chunk hash, part number and total size.
+  The cost: Kafka has no lookup by key, so a reader keeps an index (key -> offset) by reading the
+  topic from the start, and catches up to the end offset on a miss. Fine for request/response
+  bodies (kilobytes to megabytes); model files (gigabytes) stay in the model store.
+
+Every read is hash-checked: a missing chunk raises ``input_missing``, one whose bytes do not hash
+to the reference (or have the wrong size) ``input_hash_mismatch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from broker_schema import topics
+from broker_schema.canonical import is_hash, sha256_hex
+from broker_schema.records import ChunkRef
+from executor.errors import OutcomeError
+
+__all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check_chunk"]
+
+log = logging.getLogger(__name__)
+
+#: Largest part written to ``sys.chunks``: under MAX_RECORD_BYTES (1 MiB), leaving room for the
+#: key, headers and batch overhead inside the broker frame cap.
+PART_BYTES = 1_000_000
+
+
+def check_chunk(ref: ChunkRef, data: bytes) -> bytes:
+    """``data`` if it matches ``ref`` (hash and size), else ``input_hash_mismatch``."""
+    actual = sha256_hex(data)
+    if actual != ref.hash or len(data) != ref.size:
+        raise OutcomeError(
+            "input_hash_mismatch",
+            f"chunk {ref.hash} ({ref.size} B) read back as {actual} ({len(data)} B)",
+        )
+    return data
+
+
+class ChunkStore(Protocol):
+    """Where bodies over the inline limit live."""
+
+    async def get(self, ref: ChunkRef) -> bytes:
+        """The chunk's bytes, hash-checked (``input_missing`` / ``input_hash_mismatch``)."""
+        ...
+
+    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
+        """Store ``data`` (idempotent) and return its reference."""
+        ...
+
+
+class FsChunkStore:
+    """Chunks as files under ``root/sha256/``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, chunk_hash: str) -> Path:
+        """The file of ``chunk_hash``."""
+        if not is_hash(chunk_hash):
+            raise OutcomeError("input_missing", f"not a chunk hash: {chunk_hash!r}")
+        return self.root / "sha256" / chunk_hash.removeprefix("sha256:")
+
+    def get_sync(self, ref: ChunkRef) -> bytes:
+        """Blocking :meth:`get`."""
+        try:
+            data = self.path(ref.hash).read_bytes()
+        except FileNotFoundError:
+            raise OutcomeError("input_missing", f"no chunk {ref.hash} in {self.root}") from None
+        return check_chunk(ref, data)
+
+    def put_sync(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
+        """Blocking :meth:`put`."""
+        ref = ChunkRef(hash=sha256_hex(data), size=len(data), media_type=media_type)
+        final = self.path(ref.hash)
+        if final.exists() and final.stat().st_size == len(data):
+            return ref
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".put-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return ref
+
+    def has(self, chunk_hash: str) -> bool:
+        """Whether a file for ``chunk_hash`` is there (not checked)."""
+        return self.path(chunk_hash).exists()
+
+    async def get(self, ref: ChunkRef) -> bytes:
+        """The chunk's bytes, hash-checked."""
+        return await asyncio.to_thread(self.get_sync, ref)
+
+    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
+        """Store ``data`` and return its reference."""
+        return await asyncio.to_thread(self.put_sync, data, media_type=media_type)
+
+
+def _part_key(chunk_hash: str, index: int, total: int) -> bytes:
+    return f"{chunk_hash}/{index}/{total}".encode()
+
+
+def _parse_key(key: bytes | None) -> tuple[str, int, int] | None:
+    if key is None:
+        return None
+    try:
+        h, i, n = key.decode().rsplit("/", 2)
+        return (h, int(i), int(n)) if is_hash(h) else None
+    except ValueError:
+        return None
+
+
+class KafkaChunkStore:
+    """Chunks on the compacted topic ``sys.chunks``, cached in a local :class:`FsChunkStore`.
+
+    ``producer`` is the service's (started) producer; the store starts its own consumer (no
+    group, manual assignment) in :meth:`start`. One task at a time uses the consumer (a lock).
+    """
+
+    def __init__(
+        self, bootstrap: str, producer: Any, cache: FsChunkStore, *, topic: str = topics.CHUNKS
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.producer = producer
+        self.cache = cache
+        self.topic = topic
+        self._consumer: Any = None
+        # end offsets come from a consumer with no assignment: see ExecutorService._probe
+        self._probe: Any = None
+        self._tp: Any = None
+        #: chunk hash -> {part index: offset}, and the part count.
+        self._index: dict[str, dict[int, int]] = {}
+        self._parts: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Start the index consumer at the beginning of the topic."""
+        from aiokafka import TopicPartition
+
+        from fx_kafka.client import make_consumer
+
+        self._tp = TopicPartition(self.topic, 0)
+        self._consumer = make_consumer(self.bootstrap, isolation_level="read_uncommitted")
+        await self._consumer.start()
+        self._probe = make_consumer(self.bootstrap, isolation_level="read_uncommitted")
+        await self._probe.start()
+        self._consumer.assign([self._tp])
+        await self._consumer.seek_to_beginning(self._tp)
+
+    async def stop(self) -> None:
+        """Stop the index consumer."""
+        for c in (self._consumer, self._probe):
+            if c is not None:
+                await c.stop()
+        self._consumer = self._probe = None
+
+    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
+        """Write every part (acks=all) unless the index already has the chunk; cache locally."""
+        ref = await self.cache.put(data, media_type=media_type)
+        if ref.hash in self._parts:
+            return ref
+        total = max(1, -(-len(data) // PART_BYTES))
+        futures = []
+        for i in range(total):
+            part = data[i * PART_BYTES : (i + 1) * PART_BYTES]
+            headers = [
+                ("fx-chunk", ref.hash.encode()),
+                ("fx-part", f"{i}/{total}".encode()),
+                ("fx-size", str(len(data)).encode()),
+            ]
+            futures.append(
+                await self.producer.send(
+                    self.topic, value=part, key=_part_key(ref.hash, i, total), headers=headers
+                )
+            )
+        for fut in futures:
+            await fut
+        return ref
+
+    async def get(self, ref: ChunkRef) -> bytes:
+        """From the cache, else from ``sys.chunks`` (catching the index up first)."""
+        if self.cache.has(ref.hash):
+            try:
+                return await self.cache.get(ref)
+            except OutcomeError:
+                log.warning("cached chunk %s fails its hash; reading it from %s", ref.hash,
+                            self.topic)
+        if self._consumer is None:
+            raise OutcomeError("input_missing", "the Kafka chunk store is not started")
+        async with self._lock:
+            data = await self._read(ref.hash)
+        if data is None:
+            raise OutcomeError("input_missing", f"no chunk {ref.hash} on {self.topic}")
+        check_chunk(ref, data)
+        await self.cache.put(data, media_type=ref.media_type)
+        return data
+
+    async def _catch_up(self, wanted: str) -> dict[int, bytes]:
+        """Read to the end offset, indexing every part; return the parts of ``wanted`` seen."""
+        got: dict[int, bytes] = {}
+        end = (await self._probe.end_offsets([self._tp]))[self._tp]
+        while await self._consumer.position(self._tp) < end:
+            batch = await self._consumer.getmany(self._tp, timeout_ms=1000)
+            for msg in batch.get(self._tp, []):
+                parsed = _parse_key(msg.key)
+                if parsed is None:
+                    continue
+                h, i, n = parsed
+                self._index.setdefault(h, {})[i] = msg.offset
+                self._parts[h] = n
+                if h == wanted:
+                    got[i] = msg.value
+        return got
+
+    async def _read(self, chunk_hash: str) -> bytes | None:
+        parts = await self._catch_up(chunk_hash)
+        total = self._parts.get(chunk_hash)
+        if total is None:
+            return None
+        missing = [i for i in range(total) if i not in parts]
+        if missing:
+            resume = await self._consumer.position(self._tp)
+            for i in missing:
+                offset = self._index.get(chunk_hash, {}).get(i)
+                if offset is None:
+                    return None
+                self._consumer.seek(self._tp, offset)
+                batch = await self._consumer.getmany(self._tp, timeout_ms=5000, max_records=1)
+                msgs = batch.get(self._tp, [])
+                if not msgs or msgs[0].offset != offset:
+                    return None
+                parts[i] = msgs[0].value
+            self._consumer.seek(self._tp, resume)
+        return b"".join(parts[i] for i in range(total))
+

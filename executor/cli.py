@@ -1,0 +1,153 @@
+"""``fx executor run`` and ``fx models import|list|verify`` (plus the integer engine's commands
+when :mod:`executor.integer.cli` is there: ``fx models import-int``, ``fx eval fidelity``,
+``fx verify``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from executor.config import ConfigError, default_data_dir, load_config
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def _store_dir(args: argparse.Namespace) -> Path:
+    if args.store:
+        return Path(args.store)
+    try:
+        return load_config(args.config).model_dir
+    except ConfigError:
+        return default_data_dir() / "models"
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"fx executor run: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config)
+        return 0
+    from executor.service import ExecutorService
+
+    async def main() -> int:
+        service = ExecutorService(config)
+        loop = asyncio.get_running_loop()
+        stops = 0
+
+        def on_signal() -> None:
+            nonlocal stops
+            stops += 1
+            if stops > 1:  # a second signal: no more grace
+                log.warning("second signal: exiting now")
+                sys.exit(1)
+            log.info("stopping (grace %.1f s)", config.shutdown_grace_s)
+            service.request_stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await service.run()
+        return 0
+
+    log.info("executor config:\n%s", config)
+    return asyncio.run(main())
+
+
+def _import(args: argparse.Namespace) -> int:
+    from executor.models import ModelStore
+
+    store = ModelStore(_store_dir(args))
+    target = args.source
+    path = Path(target)
+    if path.is_file():
+        manifest = store.import_path(path, name=args.name)
+    else:
+        try:
+            manifest = store.import_package(target)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"fx models import: {exc}", file=sys.stderr)
+            return 2
+    print(f"{manifest.hash}  {manifest.name}  ({manifest.interface}, {manifest.size} bytes)")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from executor.models import ModelStore
+
+    store = ModelStore(_store_dir(args))
+    rows: list[dict[str, Any]] = [
+        {"hash": m.hash, "name": m.name, "engine": m.engine, "interface": m.interface,
+         "size": m.size, "source": m.source}
+        for m in store.list()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['hash']}  {r['name']:<24} {r['engine']}/{r['interface']}  {r['size']} B")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from executor.models import ModelStore
+
+    store = ModelStore(_store_dir(args))
+    bad = 0
+    for model_hash, ok in store.verify_all().items():
+        print(f"{'ok  ' if ok else 'BAD '} {model_hash}")
+        bad += not ok
+    return 1 if bad else 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fx executor`` and ``fx models`` (and the integer engine's commands if present)."""
+    ex = subparsers.add_parser("executor", help="the mode B executor service")
+    ex_sub = ex.add_subparsers(dest="executor_cmd", required=True)
+    run = ex_sub.add_parser(
+        "run", help="run an executor node (config from FILE, then FX_EXECUTOR_* variables)"
+    )
+    run.add_argument("--config", help="TOML or JSON config file")
+    run.add_argument("--print-config", action="store_true", help="print the config and exit")
+    run.set_defaults(func=_run)
+
+    models = subparsers.add_parser("models", help="the content-addressed model store")
+    models_sub = models.add_subparsers(dest="models_cmd", required=True)
+
+    def store_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--store", help="model store directory (default: the config's model_dir)")
+        p.add_argument("--config", help="executor config file (for model_dir)")
+
+    imp = models_sub.add_parser(
+        "import", help="copy a model into the store: an .onnx PATH, or PACKAGE (magika, silero-vad)"
+    )
+    imp.add_argument("source", metavar="PATH|PACKAGE")
+    imp.add_argument("--name", help="name recorded in the manifest (files only)")
+    store_args(imp)
+    imp.set_defaults(func=_import)
+    lst = models_sub.add_parser("list", help="list stored models")
+    lst.add_argument("--json", action="store_true")
+    store_args(lst)
+    lst.set_defaults(func=_list)
+    ver = models_sub.add_parser("verify", help="re-hash every stored model (exit 1 if any fails)")
+    store_args(ver)
+    ver.set_defaults(func=_verify)
+
+    try:
+        from executor.integer import cli as integer_cli
+    except ModuleNotFoundError as exc:
+        if exc.name != "executor.integer.cli":
+            raise
+        return
+    integer_cli.add_models_import_int(models_sub)
+    integer_cli.add_eval(subparsers)
+    integer_cli.add_verify(subparsers)

@@ -1,0 +1,167 @@
+"""The executor's configuration: one typed, printable object.
+
+Sources, later ones winning: the field defaults, a TOML or JSON file (``fx executor run --config
+FILE``), then environment variables ``FX_EXECUTOR_<FIELD>`` (upper case; dict and list fields as
+JSON, e.g. ``FX_EXECUTOR_KINDS='{"ninelives:inference/run@0.1.0": 8}'``). ``bootstrap`` also falls
+back to ``FX_KAFKA_BOOTSTRAP``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from broker_schema import topics
+from broker_schema.records import INFERENCE_KIND, EffectKind
+
+__all__ = ["ENV_PREFIX", "ConfigError", "ExecutorConfig", "default_data_dir", "load_config"]
+
+ENV_PREFIX = "FX_EXECUTOR_"
+
+
+class ConfigError(ValueError):
+    """The configuration file or an environment variable is not valid."""
+
+
+def default_data_dir() -> Path:
+    """``$FX_DATA_DIR`` or ``~/.local/share/ninelives-fx``: model store, chunks, node key."""
+    env = os.environ.get("FX_DATA_DIR")
+    return Path(env) if env else Path.home() / ".local" / "share" / "ninelives-fx"
+
+
+def _default_node_id() -> str:
+    return f"exec-{socket.gethostname()}"
+
+
+class ExecutorConfig(BaseModel):
+    """Everything ``fx executor run`` needs. ``print(config)`` shows it (``str`` is TOML-like)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: This node's id: ``written_by`` of its responses, key of its facts on ``sys.facts``.
+    node_id: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        default_factory=_default_node_id
+    )
+    bootstrap: str = Field(
+        default_factory=lambda: os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
+    #: Effect kinds served, each with its queue limit (requests waiting plus running).
+    kinds: dict[EffectKind, Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=lambda: {INFERENCE_KIND: 16}
+    )
+    #: Which ``.out`` topics to read (a regex over topic names). Narrow it to share a broker.
+    topic_pattern: str = topics.OUT_PATTERN
+    #: Consumer group per kind: ``<group_prefix>.<kind>``.
+    group_prefix: str = "fx-executor"
+    #: Model store directory (see :mod:`executor.models`).
+    model_dir: Path = Field(default_factory=lambda: default_data_dir() / "models")
+    #: Ed25519 node key (created on first start, mode 0600).
+    key_file: Path = Field(default_factory=lambda: default_data_dir() / "node.key")
+    #: Chunk store: ``fs`` (a directory, one machine) or ``kafka`` (compacted ``sys.chunks``,
+    #: across machines, with ``chunk_dir`` as its local cache).
+    chunk_backend: Literal["fs", "kafka"] = "fs"
+    chunk_dir: Path = Field(default_factory=lambda: default_data_dir() / "chunks")
+    #: Models loaded at start (hashes), or ``"all"`` for every model in the store.
+    preload: list[str] | Literal["all"] = "all"
+    #: Concurrent engine calls (each a thread); each call may run a batch.
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+    #: Largest batch of concurrent requests for one model handed to the engine at once.
+    max_batch: Annotated[int, Field(ge=1, le=4096)] = 8
+    #: ONNX Runtime intra-op threads per session (0: ONNX Runtime's default).
+    intra_op_threads: Annotated[int, Field(ge=0, le=256)] = 1
+    #: ``auto``: CUDA execution provider when present, else CPU; ``cpu``: CPU only.
+    device: Literal["auto", "cpu"] = "auto"
+    #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
+    engines: dict[str, str] = Field(default_factory=dict)
+    #: HTTP (health, metrics, facts). ``http_port`` 0 picks a free port; None disables HTTP.
+    http_host: str = "127.0.0.1"
+    http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088
+    #: How often pattern subscription looks for new ``wl.*.out`` topics.
+    metadata_max_age_ms: Annotated[int, Field(ge=100)] = 3000
+    session_timeout_ms: Annotated[int, Field(ge=1000)] = 10_000
+    heartbeat_interval_ms: Annotated[int, Field(ge=100)] = 1000
+    #: On SIGTERM: how long in-flight requests may take to finish before they are abandoned
+    #: (abandoned accepted requests become ``unknown`` at the lease holder, by design).
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    #: On a rebalance: how long to wait for in-flight requests of revoked partitions.
+    revoke_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    #: How often facts are republished even without a change (0: only at start and on change).
+    facts_interval_s: Annotated[float, Field(ge=0)] = 60.0
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        import re
+
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"topic_pattern is not a regex: {exc}") from exc
+        return value
+
+    def group_id(self, kind: str) -> str:
+        """The consumer group serving ``kind``."""
+        return f"{self.group_prefix}.{kind}"
+
+    def __str__(self) -> str:
+        lines = []
+        for name, value in self.model_dump(mode="json").items():
+            lines.append(f"{name} = {json.dumps(value)}")
+        return "\n".join(lines)
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    fields = ExecutorConfig.model_fields
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name not in fields:
+            raise ConfigError(f"{key}: no such executor setting (known: {', '.join(fields)})")
+        value: Any = raw
+        stripped = raw.strip()
+        if stripped[:1] in ("{", "[") or (name == "http_port" and stripped == "null"):
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{key}: not valid JSON: {exc}") from exc
+        out[name] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> ExecutorConfig:
+    """Build the config from ``path`` (``.toml`` or ``.json``), then ``FX_EXECUTOR_*`` variables
+    of ``environ`` (default ``os.environ``), then ``overrides``. Raises :class:`ConfigError`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {p}: {exc}") from exc
+        try:
+            loaded = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{p}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a table/object")
+        data.update(loaded.get("executor", loaded))
+    data.update(_env_overrides(os.environ if environ is None else environ))
+    data.update(overrides)
+    try:
+        return ExecutorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,392 @@
+"""The executor's pure core: what to do with each record, and which records to write.
+
+No I/O and no clock reads happen here: the service passes the time in (``now_ms`` for decisions,
+``now_us`` for the people-only timing fields) and writes whatever records come back. That keeps
+every fencing, deadline and backpressure rule testable without a broker, and the aiokafka loop in
+:mod:`executor.service` short.
+
+The rules, in the order they are checked for an effect request on ``wl.<id>.out``
+(each refusal is one ``response`` record with outcome ``error`` and no ``accepted`` before it):
+
+1. a kind this executor does not serve, or a plain output: **ignored** (another executor group may
+   serve it); an effect id already in flight here: ignored (it will be answered once);
+2. ``stale_epoch``: ``header.epoch`` is lower than the highest claim epoch seen on ``.claims``;
+3. ``no_spec``: no spec seen on ``.spec`` for the workload;
+4. ``kind_unbound``: the latest spec does not list the effect kind;
+5. ``model_unbound``: the request's model hash is not among ``spec.models_at(input_offset)``;
+6. ``deadline_passed``: ``now_ms > append_ms + deadline_ms`` (append time of the request on
+   ``.out``: per-workload topics use LogAppendTime);
+7. ``model_unknown`` / ``model_hash_mismatch``: the model store's answer for the hash;
+8. ``backpressure`` (outcome, not an error): the kind's queue (waiting + running) is full;
+9. otherwise **admitted**: an ``accepted`` record, and a job in the in-flight table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import JsonValue
+
+from broker_schema.records import (
+    AcceptedRecord,
+    Body,
+    ClaimRecord,
+    EffectRequest,
+    ErrorCode,
+    ErrorInfo,
+    ExecutorInfo,
+    ResponseRecord,
+    SpecRecord,
+    Timing,
+)
+
+__all__ = [
+    "Admit",
+    "Decision",
+    "ExecutorState",
+    "Ignore",
+    "InFlight",
+    "ModelStatus",
+    "OffsetTracker",
+    "Refuse",
+    "WorkloadView",
+    "decide",
+    "error_response",
+    "ok_response",
+]
+
+#: What the model store says about a hash, computed by the service before :func:`decide`.
+#: ``ready``: present and its bytes hash to the name; ``absent``: not held; ``corrupt``: held, but
+#: the file does not hash to its name.
+ModelStatus = Literal["ready", "absent", "corrupt"]
+
+
+@dataclass
+class WorkloadView:
+    """What the executor knows of one workload from ``.claims`` and ``.spec``."""
+
+    highest_epoch: int = 0
+    spec: SpecRecord | None = None
+    #: Offset of ``spec`` on ``wl.<id>.spec``; a spec read again at a lower offset is ignored.
+    spec_offset: int = -1
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One admitted request: accepted, waiting for or in the engine, not yet answered."""
+
+    effect_id: str
+    request: EffectRequest
+    topic: str
+    partition: int
+    request_offset: int
+    #: Broker append time of the request plus its ``deadline_ms``.
+    deadline_at_ms: int
+    received_us: int
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Nothing to write; the offset may be committed."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Write ``response`` (an ``error`` or ``backpressure`` outcome, unsigned) and move on."""
+
+    response: ResponseRecord
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Write ``accepted`` (acks=all), then run ``job`` and answer it with :func:`ok_response` or
+    :func:`error_response`."""
+
+    accepted: AcceptedRecord
+    job: InFlight
+
+
+Decision = Ignore | Refuse | Admit
+
+
+class ExecutorState:
+    """The executor's state, changed only through the methods below.
+
+    Who touches it: the service's event-loop thread, and only that thread (the consumer loop calls
+    :meth:`observe_claim`, :meth:`observe_spec` and :func:`decide`; the worker tasks call
+    :meth:`finish` once a response is acknowledged; the HTTP and facts code only read). Engine
+    threads never see it. Nothing here does I/O, so no method awaits and no lock is needed.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        kinds: Mapping[str, int],
+        engine_info: ExecutorInfo,
+    ) -> None:
+        #: This node's id (``written_by`` and ``accepted.node_id``).
+        self.node_id = node_id
+        #: Effect kinds served -> queue limit (requests waiting plus running).
+        self.queue_limits: dict[str, int] = dict(kinds)
+        #: What refusals name as their executor: no engine ran for them.
+        self.refusal_executor = engine_info
+        #: Workload id -> what its ``.claims`` and ``.spec`` said so far.
+        self.workloads: dict[str, WorkloadView] = {}
+        #: The in-flight table: effect id -> job. Entered by :func:`decide` (on admit), left by
+        #: :meth:`finish` (after the response is acknowledged) or :meth:`abandon` (shutdown).
+        self.in_flight: dict[str, InFlight] = {}
+
+    # -- observations ---------------------------------------------------------------------------
+    def workload(self, workload_id: str) -> WorkloadView:
+        """The view of ``workload_id`` (created empty on first use)."""
+        return self.workloads.setdefault(workload_id, WorkloadView())
+
+    def observe_claim(self, claim: ClaimRecord) -> bool:
+        """Record a lease claim; True when it raised the workload's highest epoch."""
+        view = self.workload(claim.workload_id)
+        if claim.epoch > view.highest_epoch:
+            view.highest_epoch = claim.epoch
+            return True
+        return False
+
+    def observe_spec(self, spec: SpecRecord, offset: int) -> bool:
+        """Record a spec read at ``offset`` of ``.spec``; the latest offset wins. True if used."""
+        view = self.workload(spec.workload_id)
+        if offset <= view.spec_offset:
+            return False
+        view.spec, view.spec_offset = spec, offset
+        return True
+
+    # -- the in-flight table ----------------------------------------------------------------------
+    def queue_depth(self, kind: str) -> int:
+        """Requests of ``kind`` admitted and not yet answered (waiting or running)."""
+        return sum(1 for job in self.in_flight.values() if job.request.effect_kind == kind)
+
+    def depth_by_workload(self) -> dict[str, int]:
+        """Admitted, unanswered requests per workload id."""
+        depth: dict[str, int] = {}
+        for job in self.in_flight.values():
+            wid = job.request.header.workload_id
+            depth[wid] = depth.get(wid, 0) + 1
+        return depth
+
+    def finish(self, effect_id: str) -> InFlight | None:
+        """Remove a job once its response is acknowledged; returns it (None if not there)."""
+        return self.in_flight.pop(effect_id, None)
+
+    def abandon(self) -> list[InFlight]:
+        """Empty the table at shutdown; the returned jobs were accepted and get no response from
+        this process (the lease holder writes ``unknown`` after the executor lease lapses)."""
+        jobs = list(self.in_flight.values())
+        self.in_flight.clear()
+        return jobs
+
+
+def _refusal(
+    state: ExecutorState,
+    request: EffectRequest,
+    request_offset: int,
+    received_us: int,
+    *,
+    code: ErrorCode | None,
+    message: str = "",
+) -> Refuse:
+    return Refuse(
+        ResponseRecord(
+            effect_id=request.effect_id,
+            header=request.header,
+            request_offset=request_offset,
+            outcome="error" if code is not None else "backpressure",
+            error=ErrorInfo(code=code, message=message) if code is not None else None,
+            model_hash=None,
+            executor=state.refusal_executor,
+            timing=Timing(received_us=received_us),
+            written_by=state.node_id,
+        )
+    )
+
+
+def decide(
+    state: ExecutorState,
+    request: EffectRequest,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    append_ms: int,
+    now_ms: int,
+    now_us: int,
+    model_status: ModelStatus,
+) -> Decision:
+    """Apply the rules of this module's docstring to one request read at ``offset``.
+
+    ``append_ms`` is the record's broker append time; ``now_ms``/``now_us`` the executor clock at
+    reading time; ``model_status`` the store's answer for ``request.model`` (``ready`` when the
+    request names no model). On :class:`Admit` the job is entered into the in-flight table.
+    """
+    kind = request.effect_kind
+    if kind not in state.queue_limits:
+        return Ignore(f"kind {kind} is not served here")
+    if request.effect_id in state.in_flight:
+        return Ignore("already in flight here")
+
+    def refuse(code: ErrorCode, message: str) -> Refuse:
+        return _refusal(state, request, offset, now_us, code=code, message=message)
+
+    header = request.header
+    view = state.workload(header.workload_id)
+    if header.epoch < view.highest_epoch:
+        return refuse(
+            "stale_epoch", f"request epoch {header.epoch} < highest claim {view.highest_epoch}"
+        )
+    spec = view.spec
+    if spec is None:
+        return refuse("no_spec", f"no spec seen for workload {header.workload_id}")
+    if kind not in spec.effect_kinds:
+        return refuse("kind_unbound", f"spec at offset {view.spec_offset} does not bind {kind}")
+    if request.model is not None:
+        bound = spec.models_at(header.input_offset)
+        if request.model not in bound.values():
+            return refuse(
+                "model_unbound",
+                f"{request.model} is not bound at input offset {header.input_offset}",
+            )
+    deadline_at = append_ms + request.deadline_ms
+    if now_ms > deadline_at:
+        return refuse(
+            "deadline_passed", f"read {now_ms - deadline_at} ms after the deadline {deadline_at}"
+        )
+    if model_status == "absent":
+        return refuse("model_unknown", f"this executor holds no model {request.model}")
+    if model_status == "corrupt":
+        return refuse("model_hash_mismatch", f"stored file for {request.model} fails its hash")
+    limit = state.queue_limits[kind]
+    if state.queue_depth(kind) >= limit:
+        return _refusal(state, request, offset, now_us, code=None)
+    job = InFlight(
+        effect_id=request.effect_id,
+        request=request,
+        topic=topic,
+        partition=partition,
+        request_offset=offset,
+        deadline_at_ms=deadline_at,
+        received_us=now_us,
+    )
+    state.in_flight[job.effect_id] = job
+    lease_ms = spec.executor_lease_ms
+    accepted = AcceptedRecord(
+        effect_id=job.effect_id,
+        header=header,
+        request_offset=offset,
+        node_id=state.node_id,
+        lease_ms=lease_ms,
+        accepted_us=now_us,
+    )
+    return Admit(accepted=accepted, job=job)
+
+
+def ok_response(
+    state: ExecutorState,
+    job: InFlight,
+    *,
+    output: Body,
+    model_hash: str | None,
+    executor: ExecutorInfo,
+    started_us: int,
+    finished_us: int,
+    receipt: dict[str, JsonValue] | None = None,
+) -> ResponseRecord:
+    """The unsigned ``ok`` response for ``job`` from an engine result."""
+    return ResponseRecord(
+        effect_id=job.effect_id,
+        header=job.request.header,
+        request_offset=job.request_offset,
+        outcome="ok",
+        output=output,
+        model_hash=model_hash,
+        executor=executor,
+        timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
+        written_by=state.node_id,
+        receipt=receipt,
+    )
+
+
+def error_response(
+    state: ExecutorState,
+    job: InFlight,
+    *,
+    code: ErrorCode,
+    message: str,
+    model_hash: str | None,
+    executor: ExecutorInfo | None,
+    started_us: int | None,
+    finished_us: int | None,
+) -> ResponseRecord:
+    """The unsigned ``error`` response for an admitted ``job`` (engine error, bad input...)."""
+    return ResponseRecord(
+        effect_id=job.effect_id,
+        header=job.request.header,
+        request_offset=job.request_offset,
+        outcome="error",
+        error=ErrorInfo(code=code, message=message[:4096]),
+        model_hash=model_hash,
+        executor=executor or state.refusal_executor,
+        timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
+        written_by=state.node_id,
+    )
+
+
+@dataclass
+class OffsetTracker:
+    """Which consumer offsets may be committed: only past records whose outcome is settled.
+
+    The consumer loop calls :meth:`track` for every record it reads (in order) and :meth:`done`
+    when the record needs nothing more (ignored, refused and acknowledged, or answered and
+    acknowledged). :meth:`committable` gives, per partition, the offset to commit: the lowest
+    offset still pending, or one past the highest read when none is. Partitions are ``(topic,
+    partition)`` pairs. Touched only by the service's event-loop thread.
+    """
+
+    pending: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def track(self, tp: tuple[str, int], offset: int) -> None:
+        """A record at ``offset`` was read and is not settled yet."""
+        self.pending.setdefault(tp, set()).add(offset)
+        self.next_offset[tp] = max(self.next_offset.get(tp, 0), offset + 1)
+
+    def done(self, tp: tuple[str, int], offset: int) -> None:
+        """The record at ``offset`` is settled."""
+        self.pending.get(tp, set()).discard(offset)
+
+    def committable(self) -> dict[tuple[str, int], int]:
+        """Partitions whose commit position moved since the last :meth:`mark_committed`."""
+        result: dict[tuple[str, int], int] = {}
+        for tp, nxt in self.next_offset.items():
+            waiting = self.pending.get(tp)
+            position = min(waiting) if waiting else nxt
+            if position > self.committed.get(tp, -1):
+                result[tp] = position
+        return result
+
+    def mark_committed(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """The broker acknowledged a commit of ``positions``."""
+        for tp, pos in positions.items():
+            self.committed[tp] = max(self.committed.get(tp, -1), pos)
+
+    def pending_in(self, tps: Iterable[tuple[str, int]]) -> int:
+        """How many unsettled records sit in the partitions ``tps``."""
+        return sum(len(self.pending.get(tp, ())) for tp in tps)
+
+    def forget(self, tps: Iterable[tuple[str, int]]) -> None:
+        """Drop partitions this consumer no longer owns (after a rebalance)."""
+        for tp in tps:
+            self.pending.pop(tp, None)
+            self.next_offset.pop(tp, None)
+            self.committed.pop(tp, None)

@@ -1,0 +1,115 @@
+"""The engine interface and the registry of engines by name.
+
+An engine runs models of one kind (ONNX Runtime, the integer engine...). The executor gives it a
+model's verified bytes and manifest once (:meth:`Engine.load`), then calls :meth:`Engine.run_batch`
+from a worker thread, with one or more concurrent requests for the same model. An engine:
+
+- is named by ``name`` (the manifest's ``engine`` field selects it), reports ``version`` and
+  ``device_class`` (``cpu`` or ``cuda``), which go into every response's ``executor`` field;
+- says how many requests it wants per call (``max_batch``; 1 means no batching);
+- raises :class:`executor.errors.EngineError` with a code (``input_invalid``, ``params_invalid``,
+  ``engine_error``) for one request's failure, and returns that error in that request's slot
+  of a batch so the other requests still get their results;
+- applies the manifest's documented parameter defaults itself (a missing parameter means the
+  interface's documented default, never the engine library's);
+- must be safe to call from several threads at once.
+
+Registering an engine: ``ExecutorConfig.engines`` maps a manifest engine name to
+``"module:factory"``; the factory is called with an :class:`EngineOptions` and returns an
+:class:`Engine`. The integer engine plugs in through a small adapter whose ``run_batch`` calls
+``IntegerEngine.run(params)`` per item (see ``docs/executor.md``).
+
+This module imports nothing heavy: engines load their libraries when they are built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from pydantic import JsonValue
+
+from executor.errors import EngineError
+
+if TYPE_CHECKING:
+    from executor.models import ModelManifest
+
+__all__ = [
+    "BUILTIN_ENGINES",
+    "Engine",
+    "EngineFactory",
+    "EngineOptions",
+    "EngineResult",
+    "build_engine",
+]
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One request's result.
+
+    ``output`` is a JSON value, or raw bytes (stored as base64 inline, or as a chunk when large).
+    ``receipt`` is engine-specific proof (the integer engine's hash-chained receipt), copied into
+    the response's ``receipt``.
+    """
+
+    output: JsonValue | bytes
+    media_type: str | None = None
+    receipt: dict[str, JsonValue] | None = None
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the executor's config says to every engine."""
+
+    intra_op_threads: int = 1
+    device: Literal["auto", "cpu"] = "auto"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The interface every engine implements (see the module docstring)."""
+
+    name: str
+    version: str
+    device_class: str
+    max_batch: int
+
+    def load(self, manifest: ModelManifest, model_bytes: bytes) -> None:
+        """Make the model ready (idempotent). ``model_bytes`` already hash to ``manifest.hash``.
+        Raises :class:`EngineError` (``engine_error``) if the engine cannot load it."""
+        ...
+
+    def loaded(self) -> frozenset[str]:
+        """Hashes of the models held warm."""
+        ...
+
+    def unload(self, model_hash: str) -> None:
+        """Drop a warm model (after its file failed a hash check)."""
+        ...
+
+    def run_batch(
+        self, model_hash: str, items: Sequence[tuple[Mapping[str, JsonValue], bytes]]
+    ) -> list[EngineResult | EngineError]:
+        """Run ``items`` (params, input bytes) on a loaded model; one result or error per item."""
+        ...
+
+
+EngineFactory = Callable[[EngineOptions], Engine]
+
+#: Engines that ship with the executor: manifest engine name -> ``module:factory``.
+BUILTIN_ENGINES: dict[str, str] = {"onnxruntime": "executor.engines.onnx:OnnxEngine"}
+
+
+def build_engine(target: str, options: EngineOptions) -> Engine:
+    """Import ``module:factory`` and call the factory with ``options``."""
+    module_name, _, attr = target.partition(":")
+    if not attr:
+        raise ValueError(f"engine target {target!r} is not 'module:factory'")
+    factory = getattr(importlib.import_module(module_name), attr)
+    engine = factory(options)
+    if not isinstance(engine, Engine):
+        raise TypeError(f"{target} did not return an Engine (got {type(engine).__name__})")
+    return engine

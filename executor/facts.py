@@ -1,0 +1,44 @@
+"""The node's facts on ``sys.facts`` (compacted, keyed by node id): what it serves and holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from broker_schema.records import FactsRecord, KindServed
+
+__all__ = ["build_facts", "facts_changed"]
+
+
+def build_facts(
+    *,
+    node_id: str,
+    queue_limits: Mapping[str, int],
+    models_present: Iterable[str],
+    models_loaded: Iterable[str],
+    engines: Mapping[str, str],
+    accelerators: Iterable[str],
+    public_key_b64: str,
+    key_id: str,
+    now_us: int,
+) -> FactsRecord:
+    """The facts record for this node (pure: the time is passed in)."""
+    return FactsRecord(
+        node_id=node_id,
+        kinds=tuple(
+            KindServed(kind=k, queue_limit=v) for k, v in sorted(queue_limits.items())
+        ),
+        models_present=tuple(sorted(set(models_present))),
+        models_loaded=tuple(sorted(set(models_loaded))),
+        engines=dict(sorted(engines.items())),
+        accelerators=tuple(sorted(set(accelerators))),
+        public_key=public_key_b64,
+        key_id=key_id,
+        updated_us=now_us,
+    )
+
+
+def facts_changed(old: FactsRecord | None, new: FactsRecord) -> bool:
+    """Whether ``new`` says something ``old`` did not (ignoring ``updated_us``)."""
+    if old is None:
+        return True
+    return old.model_copy(update={"updated_us": 0}) != new.model_copy(update={"updated_us": 0})

@@ -1,0 +1,941 @@
+"""The executor service: a thin aiokafka shell around :mod:`executor.core`.
+
+Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscribed by pattern to
+``wl.*.out`` (narrowed by ``topic_pattern``). For every record read:
+
+1. decode it; an undecodable record is counted (``fx_executor_rejected_records_total{code}``),
+   logged with topic/partition/offset, written to ``sys.rejects`` and passed;
+2. catch up on the workload's ``.claims`` and ``.spec`` (a side consumer reads both up to their end
+   offsets at reading time), check the model store, and ask :func:`executor.core.decide`;
+3. refusals and backpressure: one signed ``response``; admitted: ``accepted`` (acks=all), then the
+   job goes to the scheduler, which hands batches of jobs for one model to a worker; the engine
+   runs in a thread pool, so the event loop (and the consumer's heartbeat) never waits on it;
+4. the signed response is written (acks=all); only then is the request's offset settled, and the
+   consumer commits the lowest unsettled offset of each partition it still owns.
+
+Restart semantics: a request whose response was not committed past is read again by whichever
+member owns the partition next and answered again under the same effect id (the lease holder
+merges the first answer and passes over the rest). The executor does not look for its own earlier
+response on ``.resp``: inference has no side effects, so answering twice is harmless and the
+check would cost a read of ``.resp`` per request.
+
+Shutdown (SIGTERM): stop reading, give in-flight requests ``shutdown_grace_s`` to finish, then
+answer every request still in flight with ``error``/``shutdown`` (retriable) and commit. Only a
+crash (SIGKILL, power loss) leaves an accepted request without a response; the lease holder then
+writes ``unknown`` when the executor lease lapses, or the restarted executor answers it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from pydantic import ValidationError
+
+from broker_schema import DecodeError, topics
+from broker_schema.canonical import canonical_json, sha256_hex
+from broker_schema.codec import decode, encode
+from broker_schema.records import (
+    Body,
+    ChunkRef,
+    ClaimRecord,
+    EffectRequest,
+    ExecutorInfo,
+    InlineBody,
+    InputRecord,
+    RejectedRecord,
+    ResponseRecord,
+    SpecRecord,
+    StreamRef,
+)
+from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
+from executor.config import ExecutorConfig
+from executor.core import (
+    Admit,
+    ExecutorState,
+    Ignore,
+    InFlight,
+    ModelStatus,
+    OffsetTracker,
+    Refuse,
+    decide,
+    error_response,
+    ok_response,
+)
+from executor.engines import BUILTIN_ENGINES, Engine, EngineOptions, EngineResult, build_engine
+from executor.errors import EngineError, ModelError, OutcomeError
+from executor.facts import build_facts, facts_changed
+from executor.identity import NodeIdentity
+from executor.metrics import ExecutorMetrics
+from executor.models import ModelManifest, ModelStore
+from fx_kafka.client import make_consumer, make_producer, wait_ready
+from fx_kafka.workload import ensure_system_topics
+
+__all__ = ["ExecutorService", "executor_version"]
+
+log = logging.getLogger(__name__)
+
+
+def executor_version() -> str:
+    """The installed ``ninelives-fx`` version."""
+    try:
+        return importlib.metadata.version("ninelives-fx")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass
+class _Job:
+    """An admitted request on its way through the scheduler (event-loop thread only)."""
+
+    job: InFlight
+    kind: str
+    model_hash: str
+    accepted_ack: asyncio.Future[Any]
+    read_mono: float
+    tp: tuple[str, int]
+    tracker: OffsetTracker
+
+
+@dataclass
+class _Scheduler:
+    """Per-model FIFO queues; a worker takes the oldest job and up to ``max_batch - 1`` more
+    waiting for the same model (batching only what is already queued: it never waits to fill)."""
+
+    queues: dict[str, deque[tuple[int, _Job]]] = field(default_factory=dict)
+    seq: int = 0
+    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def put(self, job: _Job) -> None:
+        async with self.cond:
+            self.seq += 1
+            self.queues.setdefault(job.model_hash, deque()).append((self.seq, job))
+            self.cond.notify()
+
+    async def take(self, max_batch: Any) -> tuple[str, list[_Job]]:
+        async with self.cond:
+            while not any(self.queues.values()):
+                await self.cond.wait()
+            model = min((q[0][0], h) for h, q in self.queues.items() if q)[1]
+            queue = self.queues[model]
+            limit = int(max_batch(model))
+            jobs = [queue.popleft()[1] for _ in range(min(limit, len(queue)))]
+            return model, jobs
+
+    def drain(self) -> list[_Job]:
+        jobs = [j for q in self.queues.values() for _, j in q]
+        self.queues.clear()
+        return jobs
+
+
+class _Uvicorn:
+    """uvicorn's server without its signal handlers (the service owns SIGTERM)."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Generator[None, None, None]:
+                yield
+
+        self.server = Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        )
+
+    @property
+    def port(self) -> int | None:
+        servers = getattr(self.server, "servers", None)
+        if not servers:
+            return None
+        port: int = servers[0].sockets[0].getsockname()[1]
+        return port
+
+
+class ExecutorService:
+    """One executor node. ``await run()`` until :meth:`request_stop` (or SIGTERM in the CLI)."""
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        *,
+        identity: NodeIdentity | None = None,
+        engines: dict[str, Engine] | None = None,
+    ) -> None:
+        self.config = config
+        self.identity = identity or NodeIdentity.load_or_create(config.key_file)
+        self.store = ModelStore(config.model_dir)
+        self.metrics = ExecutorMetrics()
+        self._engine_targets = {**BUILTIN_ENGINES, **config.engines}
+        self._engine_options = EngineOptions(
+            intra_op_threads=config.intra_op_threads, device=config.device
+        )
+        self._engines: dict[str, Engine] = dict(engines or {})
+        if "onnxruntime" not in self._engines:
+            self._engines["onnxruntime"] = build_engine(
+                self._engine_targets["onnxruntime"], self._engine_options
+            )
+        device = "cuda" if any(e.device_class == "cuda" for e in self._engines.values()) else "cpu"
+        self.state = ExecutorState(
+            node_id=config.node_id,
+            kinds=config.kinds,
+            engine_info=ExecutorInfo(
+                node_id=config.node_id,
+                engine="fx-executor",
+                engine_version=executor_version(),
+                device_class=device,
+            ),
+        )
+        for kind, limit in config.kinds.items():
+            self.metrics.queue_limit.labels(kind).set(limit)
+        self._trackers = {kind: OffsetTracker() for kind in config.kinds}
+        self._consumers: dict[str, AIOKafkaConsumer] = {}
+        self._producer: AIOKafkaProducer | None = None
+        self._side: AIOKafkaConsumer | None = None
+        self._side_lock = asyncio.Lock()
+        self._watched: dict[str, list[TopicPartition]] = {}
+        self._stream: AIOKafkaConsumer | None = None
+        # Offset look-ups go through a consumer that fetches nothing: on a consumer with an
+        # assignment, a ListOffsets request queues behind the in-flight long-poll fetch on the
+        # same connection and waits up to fetch_max_wait_ms (500 ms) for it.
+        self._probe: AIOKafkaConsumer | None = None
+        self._stream_lock = asyncio.Lock()
+        self.chunks: ChunkStore = FsChunkStore(config.chunk_dir)
+        self._scheduler = _Scheduler()
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.workers, thread_name_prefix="fx-engine"
+        )
+        self._consume_tasks: list[asyncio.Task[Any]] = []
+        self._worker_tasks: list[asyncio.Task[Any]] = []
+        self._misc_tasks: list[asyncio.Task[Any]] = []
+        self._http_task: asyncio.Task[Any] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._fatal: BaseException | None = None
+        self._facts: Any = None
+        self._http: _Uvicorn | None = None
+        self._started = False
+        self._reject_kind = sorted(config.kinds)[0]
+
+    # ------------------------------------------------------------------------------ lifecycle
+    @property
+    def http_port(self) -> int | None:
+        """The bound HTTP port (after start), or None without HTTP."""
+        return self._http.port if self._http else None
+
+    async def start(self) -> None:
+        """Connect, create system topics, load models, publish facts, start consuming."""
+        cfg = self.config
+        await wait_ready(cfg.bootstrap, 30.0)
+        await ensure_system_topics(cfg.bootstrap)
+        self._producer = make_producer(cfg.bootstrap)
+        await self._producer.start()
+        self._probe = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
+        await self._probe.start()
+        if cfg.chunk_backend == "kafka":
+            kstore = KafkaChunkStore(cfg.bootstrap, self._producer, FsChunkStore(cfg.chunk_dir))
+            await kstore.start()
+            self.chunks = kstore
+        self._side = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
+        await self._side.start()
+        self._stream = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
+        await self._stream.start()
+        preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
+        for model_hash in preload:
+            try:
+                await asyncio.to_thread(self._ensure_loaded, model_hash)
+            except OutcomeError as exc:
+                log.error("preloading %s failed: %s", model_hash, exc)
+        await self._publish_facts(force=True)
+        for kind in cfg.kinds:
+            consumer = make_consumer(
+                cfg.bootstrap,
+                group_id=cfg.group_id(kind),
+                metadata_max_age_ms=cfg.metadata_max_age_ms,
+                session_timeout_ms=cfg.session_timeout_ms,
+                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                max_poll_interval_ms=300_000,
+                client_id=f"{cfg.node_id}.{kind}",
+                # One partition per workload topic: the default range assignor would give every
+                # topic's partition 0 to the same member. Round robin spreads workloads.
+                partition_assignment_strategy=(RoundRobinPartitionAssignor,),
+            )
+            await consumer.start()
+            consumer.subscribe(pattern=cfg.topic_pattern, listener=_Listener(self, kind, consumer))
+            self._consumers[kind] = consumer
+            self._consume_tasks.append(asyncio.create_task(self._consume(kind, consumer)))
+        for _ in range(cfg.workers):
+            self._worker_tasks.append(asyncio.create_task(self._worker()))
+        if cfg.facts_interval_s > 0:
+            self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
+        if cfg.http_port is not None:
+            from executor.http import create_app
+
+            self._http = _Uvicorn(create_app(self), cfg.http_host, cfg.http_port)
+            self._http_task = asyncio.create_task(self._http.server.serve())
+            for _ in range(100):
+                if self._http.server.started:
+                    break
+                await asyncio.sleep(0.02)
+        self._started = True
+        log.info(
+            "executor %s serving %s on %s (pattern %s), key %s, http port %s",
+            cfg.node_id, dict(cfg.kinds), cfg.bootstrap, cfg.topic_pattern,
+            self.identity.key_id, self.http_port,
+        )
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to shut down gracefully (safe from a signal handler)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Start, serve until :meth:`request_stop` or a fatal error, then shut down."""
+        try:
+            await self.start()
+            watch = asyncio.create_task(self._stop.wait())
+            tasks = [*self._consume_tasks, *self._worker_tasks, *self._misc_tasks]
+            await asyncio.wait([watch, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            watch.cancel()
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    self._fatal = self._fatal or task.exception()
+        finally:
+            await self.stop()
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def stop(self) -> None:
+        """Graceful shutdown (see the module docstring). Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        await _finish(self._consume_tasks, timeout=5.0)
+        deadline = loop.time() + self.config.shutdown_grace_s
+        while self.state.in_flight and loop.time() < deadline and self._fatal is None:
+            await asyncio.sleep(0.05)
+        await _finish(self._worker_tasks, timeout=0.0)
+        await self._await_background()
+        queued = {j.job.effect_id: j for j in self._scheduler.drain()}
+        leftover = list(self.state.in_flight.values())
+        if leftover and self._producer is not None and self._fatal is None:
+            log.warning("answering %d in-flight requests with error/shutdown", len(leftover))
+            for job in leftover:
+                tracked = queued.get(job.effect_id)
+                kind = job.request.effect_kind
+                with contextlib.suppress(KafkaError):
+                    await self._answer(
+                        job,
+                        self.state.refusal_executor,
+                        None,
+                        EngineError("shutdown", "the executor stopped before finishing it"),
+                        kind=kind,
+                        tp=(job.topic, job.partition),
+                        tracker=self._trackers.get(kind),
+                        read_mono=tracked.read_mono if tracked else None,
+                    )
+        for job in self.state.abandon():  # only left when the producer failed
+            log.error("abandoned accepted request %s (the lease holder will see unknown)",
+                      job.effect_id)
+        await _finish(self._misc_tasks, timeout=0.0)
+        for kind, consumer in self._consumers.items():
+            with contextlib.suppress(KafkaError, IllegalStateError, CommitFailedError):
+                await self._commit(kind, consumer)
+            await consumer.stop()
+        for c in (self._side, self._stream, self._probe):
+            if c is not None:
+                await c.stop()
+        if isinstance(self.chunks, KafkaChunkStore):
+            await self.chunks.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._http is not None and self._http_task is not None:
+            self._http.server.should_exit = True
+            await _finish([self._http_task], timeout=5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("executor %s stopped", self.config.node_id)
+
+    async def _await_background(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+
+        def _done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("executor task failed: %r", t.exception())
+                self._fatal = self._fatal or t.exception()
+                self._stop.set()
+
+        task.add_done_callback(_done)
+        return task
+
+    # ------------------------------------------------------------------------------ models
+    def _engine_for(self, manifest: ModelManifest) -> Engine:
+        engine = self._engines.get(manifest.engine)
+        if engine is None:
+            target = self._engine_targets.get(manifest.engine)
+            if target is None:
+                raise ModelError(
+                    "model_unknown", f"model {manifest.hash} needs engine {manifest.engine!r}, "
+                    "which this executor does not have"
+                )
+            engine = build_engine(target, self._engine_options)
+            self._engines[manifest.engine] = engine
+        return engine
+
+    def _ensure_loaded(self, model_hash: str) -> tuple[Engine, ModelManifest]:
+        """Load ``model_hash`` into its engine from hash-checked bytes (runs in a thread)."""
+        manifest = self.store.manifest(model_hash)
+        engine = self._engines.get(manifest.engine)
+        if engine is None:
+            raise ModelError("model_unknown", f"engine {manifest.engine!r} is not built")
+        if model_hash in engine.loaded() and self.store.status(model_hash) == "ready":
+            return engine, manifest
+        try:
+            data = self.store.read_verified(model_hash)
+        except ModelError as exc:
+            engine.unload(model_hash)
+            self.metrics.model_load_failures.labels(exc.code).inc()
+            raise
+        engine.load(manifest, data)
+        return engine, manifest
+
+    async def _model_status(self, model_hash: str | None) -> ModelStatus:
+        if model_hash is None:
+            return "absent"
+        try:
+            manifest = self.store.manifest(model_hash)
+            self._engine_for(manifest)
+        except ModelError:
+            return "absent"
+        if self.store.needs_hashing(model_hash):
+            status = await asyncio.to_thread(self.store.status, model_hash)
+        else:
+            status = self.store.status(model_hash)
+        if status == "corrupt":
+            for engine in self._engines.values():
+                engine.unload(model_hash)
+            self.metrics.model_load_failures.labels("model_hash_mismatch").inc()
+            log.error("model %s fails its hash check in %s", model_hash, self.store.root)
+            self._spawn(self._publish_facts())
+        return status
+
+    def _loaded_models(self) -> set[str]:
+        return {h for e in self._engines.values() for h in e.loaded()}
+
+    # ------------------------------------------------------------------------------ facts
+    def _build_facts(self) -> Any:
+        return build_facts(
+            node_id=self.config.node_id,
+            queue_limits=self.config.kinds,
+            models_present=self.store.hashes(),
+            models_loaded=self._loaded_models(),
+            engines={e.name: e.version for e in self._engines.values()},
+            accelerators=["cuda"] if self.state.refusal_executor.device_class == "cuda" else [],
+            public_key_b64=self.identity.public_key_b64,
+            key_id=self.identity.key_id,
+            now_us=_now_us(),
+        )
+
+    async def _publish_facts(self, *, force: bool = False) -> None:
+        facts = self._build_facts()
+        self.metrics.models_loaded.set(len(facts.models_loaded))
+        if not force and not facts_changed(self._facts, facts):
+            return
+        self._facts = facts
+        assert self._producer is not None
+        await self._producer.send_and_wait(
+            topics.FACTS, value=encode(facts), key=self.config.node_id.encode()
+        )
+
+    async def _facts_ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.facts_interval_s)
+            await self._publish_facts(force=True)
+
+    # ------------------------------------------------------------------------------ HTTP view
+    def is_live(self) -> bool:
+        """The loops run and nothing fatal happened."""
+        return self._started and not self._stopping and self._fatal is None
+
+    async def readiness(self) -> dict[str, Any]:
+        """Ready: the broker answers a metadata request and every preloaded model is loaded."""
+        broker_ok = False
+        if self._producer is not None and not self._stopping:
+            try:
+                await asyncio.wait_for(self._producer.client.fetch_all_metadata(), 3.0)
+                broker_ok = True
+            except (KafkaError, OSError, TimeoutError):
+                broker_ok = False
+        wanted = set(
+            self.store.hashes() if self.config.preload == "all" else self.config.preload
+        )
+        missing = sorted(wanted - self._loaded_models())
+        return {
+            "ready": self._started and broker_ok and not missing,
+            "broker": broker_ok,
+            "models_missing": missing,
+        }
+
+    def current_facts(self) -> dict[str, Any] | None:
+        """The last published facts as JSON."""
+        return None if self._facts is None else self._facts.model_dump(mode="json")
+
+    def metrics_text(self) -> bytes:
+        """Prometheus text (queue gauges refreshed first)."""
+        self._refresh_gauges()
+        return self.metrics.render()
+
+    def _refresh_gauges(self) -> None:
+        for kind in self.config.kinds:
+            self.metrics.queue_depth.labels(kind).set(self.state.queue_depth(kind))
+        depth = self.state.depth_by_workload()
+        for wid in list(self.state.workloads):
+            self.metrics.workload_queue_depth.labels(wid).set(depth.get(wid, 0))
+
+    # ------------------------------------------------------------------------------ consuming
+    async def _consume(self, kind: str, consumer: AIOKafkaConsumer) -> None:
+        tracker = self._trackers[kind]
+        while not self._stopping:
+            batch = await consumer.getmany(timeout_ms=200, max_records=500)
+            synced: set[str] = set()
+            for tp, msgs in batch.items():
+                for msg in msgs:
+                    if self._stopping:
+                        break
+                    await self._handle(kind, tracker, tp, msg, synced)
+            await self._commit(kind, consumer)
+
+    async def _commit(self, kind: str, consumer: AIOKafkaConsumer) -> None:
+        tracker = self._trackers[kind]
+        owned = {(tp.topic, tp.partition): tp for tp in consumer.assignment()}
+        todo = {k: v for k, v in tracker.committable().items() if k in owned}
+        if not todo:
+            return
+        try:
+            await consumer.commit({owned[k]: v for k, v in todo.items()})
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("commit of %s failed (rebalance?): %s", todo, exc)
+            return
+        tracker.mark_committed(todo)
+
+    async def _handle(
+        self, kind: str, tracker: OffsetTracker, tp: TopicPartition, msg: Any, synced: set[str]
+    ) -> None:
+        key = (tp.topic, tp.partition)
+        tracker.track(key, msg.offset)
+        try:
+            record = decode(msg.value)
+        except DecodeError as exc:
+            if kind == self._reject_kind:
+                await self._reject(msg, exc.code, exc.detail)
+            tracker.done(key, msg.offset)
+            return
+        if not isinstance(record, EffectRequest):
+            self.metrics.ignored.labels("not_a_request").inc()
+            tracker.done(key, msg.offset)
+            return
+        if record.effect_kind != kind:
+            if record.effect_kind not in self.config.kinds and kind == self._reject_kind:
+                self.metrics.ignored.labels("kind_not_served").inc()
+            tracker.done(key, msg.offset)
+            return
+        workload_id = topics.parse(msg.topic)[0]
+        if record.header.workload_id != workload_id:
+            await self._reject(
+                msg, "wrong_workload",
+                f"request for workload {record.header.workload_id} on {msg.topic}",
+            )
+            tracker.done(key, msg.offset)
+            return
+        if workload_id not in synced:
+            await self._sync_workload(workload_id)
+            synced.add(workload_id)
+        status = await self._model_status(record.model) if record.model else "absent"
+        now_ns = time.time_ns()
+        self.metrics.read_lag_seconds.labels(kind).observe(
+            max(0.0, now_ns / 1e9 - msg.timestamp / 1e3)
+        )
+        decision = decide(
+            self.state,
+            record,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            append_ms=msg.timestamp,
+            now_ms=now_ns // 1_000_000,
+            now_us=now_ns // 1000,
+            model_status=status,
+        )
+        read_mono = time.monotonic()
+        if isinstance(decision, Ignore):
+            self.metrics.ignored.labels("in_flight").inc()
+            tracker.done(key, msg.offset)
+        elif isinstance(decision, Refuse):
+            self._spawn(self._write_refusal(decision.response, kind, key, msg.offset, read_mono))
+        elif isinstance(decision, Admit):
+            assert self._producer is not None
+            ack = await self._producer.send(
+                topics.resp(workload_id),
+                value=encode(decision.accepted),
+                key=decision.job.effect_id.encode(),
+            )
+            assert record.model is not None
+            await self._scheduler.put(
+                _Job(decision.job, kind, record.model, ack, read_mono, key, tracker)
+            )
+
+    async def _write_refusal(
+        self, response: ResponseRecord, kind: str, key: tuple[str, int], offset: int,
+        read_mono: float,
+    ) -> None:
+        assert self._producer is not None
+        signed = self.identity.sign_response(response)
+        await self._producer.send_and_wait(
+            topics.resp(response.header.workload_id),
+            value=encode(signed),
+            key=response.effect_id.encode(),
+        )
+        code = response.error.code if response.error else ""
+        self.metrics.requests.labels(kind, response.outcome, code).inc()
+        self.metrics.request_seconds.labels(kind, response.outcome).observe(
+            time.monotonic() - read_mono
+        )
+        log.info("%s %s %s", response.effect_id, response.outcome, code)
+        self._trackers[kind].done(key, offset)
+
+    async def _reject(self, msg: Any, code: str, detail: str) -> None:
+        self.metrics.rejected.labels(code).inc()
+        value = msg.value or b""
+        log.warning(
+            "rejected record at %s/%d offset %d (%d bytes): %s: %s",
+            msg.topic, msg.partition, msg.offset, len(value), code, detail[:300],
+        )
+        record = RejectedRecord(
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            code=code,
+            detail=detail[:4096],
+            size=len(value),
+            value_hash=sha256_hex(value),
+            seen_by=self.config.node_id,
+        )
+        assert self._producer is not None
+        await self._producer.send_and_wait(
+            topics.REJECTS, value=encode(record), key=msg.topic.encode()
+        )
+
+    # ------------------------------------------------------------------------------ claims, spec
+    async def _sync_workload(self, workload_id: str) -> None:
+        """Read ``.claims`` and ``.spec`` of ``workload_id`` up to their end offsets now."""
+        try:
+            await asyncio.wait_for(self._sync_workload_inner(workload_id), 15.0)
+        except (TimeoutError, KafkaError) as exc:
+            log.error("could not catch up on claims/spec of %s: %r", workload_id, exc)
+
+    async def _sync_workload_inner(self, workload_id: str) -> None:
+        side = self._side
+        assert side is not None
+        async with self._side_lock:
+            tps = [
+                TopicPartition(topics.claims(workload_id), 0),
+                TopicPartition(topics.spec(workload_id), 0),
+            ]
+            if workload_id not in self._watched:
+                self._watched[workload_id] = tps
+                # Re-assigning resets positions to the beginning: reading again is idempotent.
+                side.assign([tp for group in self._watched.values() for tp in group])
+            assert self._probe is not None
+            end = await self._probe.end_offsets(tps)
+            while True:
+                behind = [tp for tp in tps if await side.position(tp) < end[tp]]
+                if not behind:
+                    return
+                data = await side.getmany(*behind, timeout_ms=1000)
+                for _tp, msgs in data.items():
+                    for msg in msgs:
+                        self._observe(workload_id, msg)
+
+    def _observe(self, workload_id: str, msg: Any) -> None:
+        try:
+            record = decode(msg.value)
+        except DecodeError as exc:
+            log.warning("undecodable record at %s offset %d: %s", msg.topic, msg.offset, exc)
+            self.metrics.rejected.labels(exc.code).inc()
+            return
+        if isinstance(record, ClaimRecord) and record.workload_id == workload_id:
+            self.state.observe_claim(record)
+        elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
+            self.state.observe_spec(record, msg.offset)
+        else:
+            log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)
+
+    # ------------------------------------------------------------------------------ inputs
+    async def _resolve(self, body: Body | None, *, depth: int = 0) -> bytes:
+        if body is None:
+            return b""
+        if isinstance(body, InlineBody):
+            return body.raw()
+        if isinstance(body, ChunkRef):
+            return await self.chunks.get(body)
+        if isinstance(body, StreamRef):
+            if depth > 0:
+                raise OutcomeError("input_invalid", "a stream reference may not name another")
+            value = await self._read_stream(body)
+            if body.hash is not None and sha256_hex(value) != body.hash:
+                raise OutcomeError(
+                    "input_hash_mismatch",
+                    f"{body.topic}/{body.partition}@{body.offset} does not hash to {body.hash}",
+                )
+            try:
+                record = decode(value)
+            except DecodeError:
+                return value
+            if isinstance(record, InputRecord):
+                return await self._resolve(record.body, depth=depth + 1)
+            return value
+        raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
+
+    async def _read_stream(self, ref: StreamRef) -> bytes:
+        stream = self._stream
+        assert stream is not None
+        tp = TopicPartition(ref.topic, ref.partition)
+        async with self._stream_lock:
+            try:
+                assert self._probe is not None
+                first = (await self._probe.beginning_offsets([tp]))[tp]
+                end = (await self._probe.end_offsets([tp]))[tp]
+            except KafkaError as exc:
+                raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
+            if not first <= ref.offset < end:
+                raise OutcomeError(
+                    "input_missing",
+                    f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, "
+                    f"not {ref.offset}",
+                )
+            stream.assign([tp])
+            stream.seek(tp, ref.offset)
+            batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
+            msgs = batch.get(tp, [])
+            if not msgs or msgs[0].offset != ref.offset:
+                raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
+            value: bytes = msgs[0].value or b""
+            return value
+
+    async def _output_body(self, result: EngineResult) -> Body:
+        try:
+            if isinstance(result.output, bytes):
+                return InlineBody.of_bytes(result.output, media_type=result.media_type)
+            return InlineBody.of_json(result.output, media_type=result.media_type)
+        except ValidationError:
+            pass
+        data = result.output if isinstance(result.output, bytes) else canonical_json(result.output)
+        return await self.chunks.put(data, media_type=result.media_type or "application/json")
+
+    # ------------------------------------------------------------------------------ workers
+    def _batch_limit(self, model_hash: str) -> int:
+        try:
+            engine = self._engine_for(self.store.manifest(model_hash))
+        except ModelError:
+            return 1
+        return max(1, min(self.config.max_batch, engine.max_batch))
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            model_hash, jobs = await self._scheduler.take(self._batch_limit)
+            for j in jobs:
+                await j.accepted_ack  # accepted is acknowledged before the model runs
+            ready: list[tuple[_Job, bytes]] = []
+            for j in jobs:
+                try:
+                    ready.append((j, await self._resolve(j.job.request.input)))
+                except OutcomeError as exc:
+                    self._answer_job(j, self.state.refusal_executor, None, exc)
+            if not ready:
+                continue
+            try:
+                engine, manifest = await loop.run_in_executor(
+                    self._pool, self._ensure_loaded, model_hash
+                )
+            except OutcomeError as exc:
+                for j, _ in ready:
+                    self._answer_job(j, self.state.refusal_executor, None, exc)
+                continue
+            self._spawn(self._publish_facts())
+            info = ExecutorInfo(
+                node_id=self.config.node_id,
+                engine=engine.name,
+                engine_version=engine.version,
+                device_class=engine.device_class,
+            )
+            items = [(j.job.request.params, data) for j, data in ready]
+            now = time.monotonic()
+            for j, _ in ready:
+                self.metrics.queue_seconds.labels(j.kind).observe(now - j.read_mono)
+            started_us = _now_us()
+            self.metrics.inflight.inc(len(items))
+            try:
+                results = await loop.run_in_executor(
+                    self._pool, engine.run_batch, model_hash, items
+                )
+            except Exception as exc:  # an engine bug: every request in the batch gets the error
+                results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
+            finally:
+                self.metrics.inflight.dec(len(items))
+            finished_us = _now_us()
+            self.metrics.compute_seconds.labels(model_hash).observe(time.monotonic() - now)
+            self.metrics.batch_size.labels(model_hash).observe(len(items))
+            self.metrics.exec_count.labels(model_hash).inc()
+            receipt_base: dict[str, Any] = {
+                "manifest_hash": manifest.manifest_hash(),
+                "preprocessing_version": manifest.preprocessing_version,
+                "batch_size": len(items),
+            }
+            for (j, _), result in zip(ready, results, strict=True):
+                self._answer_job(
+                    j, info, model_hash, result, started_us=started_us,
+                    finished_us=finished_us, receipt_base=receipt_base,
+                )
+
+    def _answer_job(
+        self,
+        j: _Job,
+        info: ExecutorInfo,
+        model_hash: str | None,
+        result: EngineResult | OutcomeError,
+        *,
+        started_us: int | None = None,
+        finished_us: int | None = None,
+        receipt_base: dict[str, Any] | None = None,
+    ) -> None:
+        # A tracked task, not awaited: the worker goes on to the next batch while the producer
+        # waits for acks, and cancelling a worker at shutdown never drops a response half-sent
+        # (stop() awaits every tracked task).
+        self._spawn(self._answer(
+            j.job, info, model_hash, result, kind=j.kind, tp=j.tp, tracker=j.tracker,
+            read_mono=j.read_mono, started_us=started_us, finished_us=finished_us,
+            receipt_base=receipt_base,
+        ))
+
+    async def _answer(
+        self,
+        job: InFlight,
+        info: ExecutorInfo,
+        model_hash: str | None,
+        result: EngineResult | OutcomeError,
+        *,
+        kind: str,
+        tp: tuple[str, int],
+        tracker: OffsetTracker | None,
+        read_mono: float | None,
+        started_us: int | None = None,
+        finished_us: int | None = None,
+        receipt_base: dict[str, Any] | None = None,
+    ) -> None:
+        # Leaving the in-flight table first claims the right to answer: a job answered by
+        # shutdown is not answered again when its engine call returns.
+        if self.state.finish(job.effect_id) is None:
+            return
+        if isinstance(result, OutcomeError):
+            response = error_response(
+                self.state, job, code=result.code, message=result.message,
+                model_hash=model_hash, executor=info, started_us=started_us,
+                finished_us=finished_us,
+            )
+        else:
+            try:
+                body = await self._output_body(result)
+                receipt = {**(receipt_base or {}), **(result.receipt or {})}
+                response = ok_response(
+                    self.state, job, output=body, model_hash=model_hash, executor=info,
+                    started_us=started_us or _now_us(), finished_us=finished_us or _now_us(),
+                    receipt=receipt,
+                )
+            except (OutcomeError, ValidationError, OSError) as exc:
+                code = exc.code if isinstance(exc, OutcomeError) else "output_too_large"
+                response = error_response(
+                    self.state, job, code=code, message=str(exc)[:4096],
+                    model_hash=model_hash, executor=info, started_us=started_us,
+                    finished_us=finished_us,
+                )
+        signed = self.identity.sign_response(response)
+        assert self._producer is not None
+        await self._producer.send_and_wait(
+            topics.resp(job.request.header.workload_id),
+            value=encode(signed),
+            key=job.effect_id.encode(),
+        )
+        label: str = response.error.code if response.error else ""
+        self.metrics.requests.labels(kind, response.outcome, label).inc()
+        if read_mono is not None:
+            self.metrics.request_seconds.labels(kind, response.outcome).observe(
+                time.monotonic() - read_mono
+            )
+        if tracker is not None:
+            tracker.done(tp, job.request_offset)
+
+
+async def _finish(tasks: list[asyncio.Task[Any]], *, timeout: float) -> None:
+    """Let ``tasks`` end by themselves for ``timeout`` seconds, then cancel what is left."""
+    if not tasks:
+        return
+    if timeout > 0:
+        await asyncio.wait(tasks, timeout=timeout)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On revoke: wait (bounded) for in-flight requests of the revoked partitions, commit them,
+    then forget them, so the next owner starts after what this member answered."""
+
+    def __init__(self, service: ExecutorService, kind: str, consumer: AIOKafkaConsumer) -> None:
+        self.service, self.kind, self.consumer = service, kind, consumer
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        keys = [(tp.topic, tp.partition) for tp in revoked]
+        if not keys:
+            return
+        tracker = self.service._trackers[self.kind]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.service.config.revoke_grace_s
+        while tracker.pending_in(keys) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        todo = {k: v for k, v in tracker.committable().items() if k in set(keys)}
+        if todo:
+            try:
+                await self.consumer.commit(
+                    {TopicPartition(t, p): off for (t, p), off in todo.items()}
+                )
+                tracker.mark_committed(todo)
+            except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        tracker.forget(keys)
+        log.info("%s: partitions revoked: %s", self.kind, sorted(keys))
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        log.info("%s: partitions assigned: %s", self.kind, sorted(
+            (tp.topic, tp.partition) for tp in assigned))

@@ -1,0 +1,67 @@
+"""The executor config: defaults, file, environment, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker_schema.records import INFERENCE_KIND
+from executor.config import ConfigError, ExecutorConfig, load_config
+
+
+def test_defaults_are_printable() -> None:
+    cfg = load_config(environ={})
+    assert cfg.kinds == {INFERENCE_KIND: 16}
+    assert cfg.group_id(INFERENCE_KIND) == f"fx-executor.{INFERENCE_KIND}"
+    text = str(cfg)
+    assert "kinds = " in text and "node_id = " in text
+
+
+def test_toml_then_env_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "exec.toml"
+    path.write_text(
+        '[executor]\nnode_id = "gpu-7"\nworkers = 2\nhttp_port = 9000\n'
+        f'[executor.kinds]\n"{INFERENCE_KIND}" = 4\n'
+    )
+    cfg = load_config(path, environ={"FX_EXECUTOR_WORKERS": "3",
+                                     "FX_EXECUTOR_PRELOAD": '["sha256:' + "a" * 64 + '"]'})
+    assert cfg.node_id == "gpu-7" and cfg.kinds == {INFERENCE_KIND: 4}
+    assert cfg.workers == 3 and cfg.http_port == 9000
+    assert cfg.preload == ["sha256:" + "a" * 64]
+    assert load_config(path, environ={}, workers=8).workers == 8
+
+
+def test_json_file(tmp_path: Path) -> None:
+    path = tmp_path / "exec.json"
+    path.write_text('{"node_id": "n", "http_port": null, "chunk_backend": "kafka"}')
+    cfg = load_config(path, environ={})
+    assert cfg.http_port is None and cfg.chunk_backend == "kafka"
+
+
+@pytest.mark.parametrize(
+    ("environ", "needle"),
+    [
+        ({"FX_EXECUTOR_NOPE": "1"}, "no such executor setting"),
+        ({"FX_EXECUTOR_WORKERS": "0"}, "workers"),
+        ({"FX_EXECUTOR_KINDS": '{"not a kind": 1}'}, "kinds"),
+        ({"FX_EXECUTOR_KINDS": "{broken"}, "not valid JSON"),
+        ({"FX_EXECUTOR_TOPIC_PATTERN": "(("}, "regex"),
+    ],
+)
+def test_bad_settings_are_config_errors(environ: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(environ=environ)
+
+
+def test_unknown_field_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text("colour = 'blue'\n")
+    with pytest.raises(ConfigError, match="colour"):
+        load_config(path, environ={})
+
+
+def test_frozen() -> None:
+    cfg = ExecutorConfig()
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.workers = 5  # type: ignore[misc]

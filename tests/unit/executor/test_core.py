@@ -1,0 +1,207 @@
+"""The pure core: fencing, spec binding, deadlines, backpressure, responses, offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_schema.records import (
+    INFERENCE_KIND,
+    BindingSwitch,
+    ExecutorInfo,
+    InlineBody,
+    OutputRecord,
+)
+from executor.core import (
+    Admit,
+    ExecutorState,
+    Ignore,
+    OffsetTracker,
+    Refuse,
+    decide,
+    error_response,
+    ok_response,
+)
+from tests.unit.executor.helpers import claim, request, spec
+
+WL = "wl1"
+M1 = "sha256:" + "a" * 64
+M2 = "sha256:" + "b" * 64
+INFO = ExecutorInfo(node_id="n1", engine="fx-executor", engine_version="0", device_class="cpu")
+APPEND_MS = 1_700_000_000_000
+
+
+def state(limit: int = 4) -> ExecutorState:
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: limit}, engine_info=INFO)
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    st.observe_claim(claim(WL, 2))
+    return st
+
+
+def run(st: ExecutorState, req: object, *, offset: int = 10, now_ms: int = APPEND_MS + 5,
+        status: str = "ready") -> object:
+    return decide(st, req, topic=f"wl.{WL}.out", partition=0, offset=offset,  # type: ignore[arg-type]
+                  append_ms=APPEND_MS, now_ms=now_ms, now_us=now_ms * 1000,
+                  model_status=status)  # type: ignore[arg-type]
+
+
+def refusal_code(decision: object) -> str | None:
+    assert isinstance(decision, Refuse), decision
+    resp = decision.response
+    assert resp.written_by == "n1" and resp.executor == INFO and resp.output is None
+    return resp.error.code if resp.error else None
+
+
+def test_admit_writes_accepted_and_enters_in_flight() -> None:
+    st = state()
+    req = request(WL, M1, epoch=2)
+    d = run(st, req, offset=42)
+    assert isinstance(d, Admit)
+    assert d.accepted.effect_id == req.effect_id == f"{WL}/0/0@2"
+    assert d.accepted.request_offset == 42 and d.accepted.node_id == "n1"
+    assert d.accepted.lease_ms == 30_000
+    assert d.job.deadline_at_ms == APPEND_MS + 60_000
+    assert st.in_flight[req.effect_id] is d.job
+    assert st.queue_depth(INFERENCE_KIND) == 1 and st.depth_by_workload() == {WL: 1}
+
+
+def test_same_effect_id_in_flight_is_ignored() -> None:
+    st = state()
+    assert isinstance(run(st, request(WL, M1, epoch=2)), Admit)
+    assert isinstance(run(st, request(WL, M1, epoch=2), offset=11), Ignore)
+
+
+def test_kind_not_served_is_ignored_not_answered() -> None:
+    st = state()
+    d = run(st, request(WL, M1, epoch=2, kind="acme:valve/set@1.0.0"))
+    assert isinstance(d, Ignore) and "not served" in d.reason
+    assert not st.in_flight
+
+
+def test_lower_epoch_than_highest_claim_is_stale() -> None:
+    st = state()
+    assert refusal_code(run(st, request(WL, M1, epoch=1))) == "stale_epoch"
+    # an epoch equal to or above the highest claim passes the fence
+    assert isinstance(run(st, request(WL, M1, epoch=3, index=1)), Admit)
+
+
+def test_claims_only_raise_the_epoch() -> None:
+    st = state()
+    assert st.observe_claim(claim(WL, 5))
+    assert not st.observe_claim(claim(WL, 3))
+    assert st.workload(WL).highest_epoch == 5
+    assert refusal_code(run(st, request(WL, M1, epoch=4))) == "stale_epoch"
+
+
+def test_no_spec() -> None:
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    assert refusal_code(run(st, request(WL, M1))) == "no_spec"
+
+
+def test_kind_unbound() -> None:
+    st = state()
+    st.observe_spec(spec(WL, {"m": M1}, kinds=("acme:other/thing@1.0.0",)), offset=1)
+    assert refusal_code(run(st, request(WL, M1, epoch=2))) == "kind_unbound"
+
+
+def test_latest_spec_by_offset_wins() -> None:
+    st = state()
+    st.observe_spec(spec(WL, {"m": M2}), offset=5)
+    assert not st.observe_spec(spec(WL, {"m": M1}), offset=3)  # older offset read late
+    assert refusal_code(run(st, request(WL, M1, epoch=2))) == "model_unbound"
+    assert isinstance(run(st, request(WL, M2, epoch=2)), Admit)
+
+
+def test_model_unbound_follows_binding_switches() -> None:
+    st = state()
+    switched = spec(WL, {"m": M1}).model_copy(
+        update={"binding_switches": (BindingSwitch(at_input_offset=100, models={"m": M2}),)}
+    )
+    st.observe_spec(switched, offset=1)
+    assert isinstance(run(st, request(WL, M1, epoch=2, input_offset=99)), Admit)
+    assert refusal_code(run(st, request(WL, M1, epoch=2, input_offset=100))) == "model_unbound"
+    assert isinstance(run(st, request(WL, M2, epoch=2, input_offset=100)), Admit)
+
+
+def test_deadline_is_append_time_plus_deadline_ms() -> None:
+    st = state()
+    req = request(WL, M1, epoch=2, deadline_ms=1000)
+    assert isinstance(run(st, req, now_ms=APPEND_MS + 1000), Admit)  # exactly at the deadline
+    st.finish(req.effect_id)
+    assert refusal_code(run(st, req, now_ms=APPEND_MS + 1001)) == "deadline_passed"
+
+
+@pytest.mark.parametrize(("status", "code"), [("absent", "model_unknown"),
+                                              ("corrupt", "model_hash_mismatch")])
+def test_model_store_answers(status: str, code: str) -> None:
+    assert refusal_code(run(state(), request(WL, M1, epoch=2), status=status)) == code
+
+
+def test_fencing_is_checked_before_the_deadline() -> None:
+    # a zombie's request is stale even when it is also late: the more fundamental reason wins
+    st = state()
+    assert refusal_code(run(st, request(WL, M1, epoch=1), now_ms=APPEND_MS + 10**9)) == \
+        "stale_epoch"
+
+
+def test_queue_full_is_backpressure_and_frees_on_finish() -> None:
+    st = state(limit=2)
+    admitted = [run(st, request(WL, M1, epoch=2, index=i)) for i in range(2)]
+    assert all(isinstance(d, Admit) for d in admitted)
+    over = run(st, request(WL, M1, epoch=2, index=2))
+    assert isinstance(over, Refuse)
+    assert over.response.outcome == "backpressure" and over.response.error is None
+    assert refusal_code(over) is None
+    assert len(st.in_flight) == 2
+    first = admitted[0]
+    assert isinstance(first, Admit)
+    assert st.finish(first.job.effect_id) is first.job
+    assert isinstance(run(st, request(WL, M1, epoch=2, index=2)), Admit)
+
+
+def test_ok_and_error_responses() -> None:
+    st = state()
+    d = run(st, request(WL, M1, epoch=2))
+    assert isinstance(d, Admit)
+    engine = ExecutorInfo(node_id="n1", engine="onnxruntime", engine_version="1.2",
+                          device_class="cpu")
+    ok = ok_response(st, d.job, output=InlineBody.of_json({"label": "python"}), model_hash=M1,
+                     executor=engine, started_us=5, finished_us=9, receipt={"batch_size": 1})
+    assert ok.outcome == "ok" and ok.model_hash == M1 and ok.request_offset == 10
+    assert ok.timing is not None and ok.timing.received_us == d.job.received_us
+    assert ok.effect_id == d.job.effect_id and ok.signature is None
+    err = error_response(st, d.job, code="input_invalid", message="bad", model_hash=M1,
+                         executor=engine, started_us=5, finished_us=6)
+    assert err.outcome == "error" and err.error is not None and not err.error.retriable
+
+
+def test_abandon_empties_the_table() -> None:
+    st = state()
+    run(st, request(WL, M1, epoch=2, index=0))
+    run(st, request(WL, M1, epoch=2, index=1))
+    jobs = st.abandon()
+    assert len(jobs) == 2 and not st.in_flight
+
+
+def test_plain_outputs_are_not_requests() -> None:
+    # decide() only takes requests; the service ignores every other kind before calling it.
+    out = OutputRecord(header=request(WL, M1).header, body=InlineBody.of_text("x"))
+    assert out.kind == "output"
+
+
+def test_offset_tracker_commits_only_settled_prefix() -> None:
+    t = OffsetTracker()
+    tp = ("wl.a.out", 0)
+    for off in (5, 6, 7):
+        t.track(tp, off)
+    assert t.committable() == {tp: 5}
+    t.done(tp, 6)
+    assert t.committable() == {tp: 5}
+    t.done(tp, 5)
+    assert t.committable() == {tp: 7}
+    t.mark_committed({tp: 7})
+    assert t.committable() == {}
+    t.done(tp, 7)
+    assert t.committable() == {tp: 8}
+    assert t.pending_in([tp]) == 0
+    t.forget([tp])
+    assert t.committable() == {}
