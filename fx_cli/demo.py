@@ -155,11 +155,11 @@ async def the_story(bootstrap: str, work: Path) -> bool:
         deadline = time.monotonic() + 120
         while True:
             wlog = await h.read_log()
-            outs = [bs.decode(r.value) for r in wlog["out"]]
-            decided = [o.body.data for o in outs if isinstance(o, bs.OutputRecord)
-                       and isinstance(o.body.data, dict) and "decision" in o.body.data]
-            gated = [o for o in outs if isinstance(o, bs.OutputRecord)
-                     and isinstance(o.body.data, dict) and "gate" in o.body.data]
+            bodies = [o.body.data for o in (bs.decode(r.value) for r in wlog["out"])
+                      if isinstance(o, bs.OutputRecord) and isinstance(o.body, bs.InlineBody)
+                      and isinstance(o.body.data, dict)]
+            decided = [b for b in bodies if isinstance(b, dict) and "decision" in b]
+            gated = [b for b in bodies if isinstance(b, dict) and "gate" in b]
             if len(decided) == len(files) and len(gated) == len(files):
                 break
             if executor.poll() is not None or time.monotonic() > deadline:
