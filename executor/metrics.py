@@ -2,7 +2,7 @@
 
 Each service owns its own :class:`~prometheus_client.CollectorRegistry`, so two executors in one
 process (tests) never share counters. The list, with meanings, is in
-``docs/operations-executor.md``.
+``docs/operations.md`` (section "The executor").
 """
 
 from __future__ import annotations
