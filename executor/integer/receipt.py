@@ -1,0 +1,245 @@
+"""Signed, hash-chained receipts of integer-engine runs, and their verification.
+
+A receipt is a JSON object (integers, strings, lists, booleans only; no floats)::
+
+    receipt_version   1
+    kind              "ninelives:inference/run@0.1.0"
+    model_hash        sha256 of the committed artifact file (hex)
+    engine            {"name", "version", "backend", "device_class"}
+    node_id           the producing executor node
+    seq               index of this receipt in the node's chain (0 = first)
+    prev_receipt_hash receipt_hash of the node's previous receipt, or 64 zeros at seq 0
+    prompt_tokens     the input token ids
+    input_hash        sha256(canonical({"prompt_tokens": [...]}))
+    params            normalised integer parameters (max_tokens, temperature_q16, top_k,
+                      top_p_q16, seed, stop_token)
+    output_tokens     the generated token ids
+    output_hash       sha256(canonical({"output_tokens": [...]}))
+    logits_digest     sha256 over every decoding step's logits row (int64 little-endian)
+    public_key        the node's Ed25519 public key, raw 32 bytes, hex
+    signature         Ed25519 over b"nlfx-receipt-v1\\0" + canonical(receipt without signature)
+
+canonical(x) = JSON with sorted keys, no whitespace, UTF-8 (for these float-free objects this is
+RFC 8785). receipt_hash = sha256(canonical(full receipt, signature included)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .artifact import canonical_json
+
+RECEIPT_VERSION: Final = 1
+SIGNING_CONTEXT: Final = b"nlfx-receipt-v1\x00"
+GENESIS: Final = "0" * 64
+_FIELDS: Final = (
+    "receipt_version", "kind", "model_hash", "engine", "node_id", "seq", "prev_receipt_hash",
+    "prompt_tokens", "input_hash", "params", "output_tokens", "output_hash", "logits_digest",
+    "public_key", "signature",
+)
+
+
+def sha256_hex(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def input_hash(prompt_tokens: Sequence[int]) -> str:
+    return sha256_hex(canonical_json({"prompt_tokens": [int(t) for t in prompt_tokens]}))
+
+
+def output_hash(output_tokens: Sequence[int]) -> str:
+    return sha256_hex(canonical_json({"output_tokens": [int(t) for t in output_tokens]}))
+
+
+def receipt_hash(receipt: dict[str, Any]) -> str:
+    return sha256_hex(canonical_json(receipt))
+
+
+def signing_bytes(receipt: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in receipt.items() if k != "signature"}
+    return SIGNING_CONTEXT + canonical_json(body)
+
+
+class ReceiptSigner:
+    """An Ed25519 key plus this node's chain state (``seq``, ``prev``).
+
+    The executor owns one per node and persists ``state()`` if the chain must survive restarts.
+    Not thread-safe: the caller serialises ``sign``.
+    """
+
+    def __init__(self, key: Ed25519PrivateKey, *, node_id: str, seq: int = 0,
+                 prev: str = GENESIS) -> None:
+        self.key = key
+        self.node_id = node_id
+        self.seq = seq
+        self.prev = prev
+
+    @classmethod
+    def generate(cls, *, node_id: str) -> ReceiptSigner:
+        return cls(Ed25519PrivateKey.generate(), node_id=node_id)
+
+    @classmethod
+    def load_or_create(cls, path: str | os.PathLike[str], *, node_id: str) -> ReceiptSigner:
+        """PEM PKCS#8 private key at ``path`` (created with mode 0600 if missing)."""
+        p = Path(path)
+        if p.is_file():
+            key = serialization.load_pem_private_key(p.read_bytes(), password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise ValueError(f"{p} is not an Ed25519 key")
+            return cls(key, node_id=node_id)
+        key = Ed25519PrivateKey.generate()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        return cls(key, node_id=node_id)
+
+    @property
+    def public_key_hex(self) -> str:
+        return self.key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                  serialization.PublicFormat.Raw).hex()
+
+    def sign(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Complete ``body`` with node, chain and key fields, sign it, advance the chain."""
+        r = dict(body)
+        r.update(node_id=self.node_id, seq=self.seq, prev_receipt_hash=self.prev,
+                 public_key=self.public_key_hex)
+        r.pop("signature", None)
+        r["signature"] = self.key.sign(signing_bytes(r)).hex()
+        self.prev = receipt_hash(r)
+        self.seq += 1
+        return r
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    ok: bool
+    reasons: list[str]  # empty when ok; otherwise one line per failed check
+    checks: list[str]  # what was checked and passed
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
+                 trusted_keys: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+    """Signature, hashes, chain link; no re-execution. Returns (reasons, passed checks)."""
+    reasons: list[str] = []
+    passed: list[str] = []
+    missing = [f for f in _FIELDS if f not in receipt]
+    if missing:
+        return [f"receipt lacks fields: {', '.join(missing)}"], passed
+    extra = sorted(set(receipt) - set(_FIELDS))
+    if extra:
+        reasons.append(f"receipt has unknown fields: {', '.join(extra)}")
+    if receipt["receipt_version"] != RECEIPT_VERSION:
+        reasons.append(f"receipt_version {receipt['receipt_version']!r} is not {RECEIPT_VERSION}")
+    try:
+        pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(receipt["public_key"]))
+        pub.verify(bytes.fromhex(receipt["signature"]), signing_bytes(receipt))
+        passed.append("signature")
+    except (InvalidSignature, ValueError, TypeError):
+        reasons.append("signature does not verify: the receipt was changed after signing "
+                       "or signed by another key")
+    if trusted_keys is not None and receipt["public_key"] not in set(trusted_keys):
+        reasons.append(f"public key {receipt['public_key']} is not trusted")
+    if input_hash(receipt["prompt_tokens"]) != receipt["input_hash"]:
+        reasons.append("input_hash does not match prompt_tokens")
+    else:
+        passed.append("input_hash")
+    if output_hash(receipt["output_tokens"]) != receipt["output_hash"]:
+        reasons.append("output_hash does not match output_tokens")
+    else:
+        passed.append("output_hash")
+    if prev is not None:
+        link = receipt_hash(prev)
+        if receipt["prev_receipt_hash"] != link:
+            reasons.append(f"chain broken: prev_receipt_hash {receipt['prev_receipt_hash']} "
+                           f"!= hash of previous receipt {link}")
+        elif receipt["seq"] != prev.get("seq", -2) + 1:
+            reasons.append(f"chain broken: seq {receipt['seq']} does not follow {prev.get('seq')}")
+        elif receipt["public_key"] != prev.get("public_key"):
+            reasons.append("chain broken: the previous receipt was signed by another key")
+        else:
+            passed.append("chain link")
+    elif receipt["seq"] == 0 and receipt["prev_receipt_hash"] != GENESIS:
+        reasons.append("chain broken: seq 0 must have the genesis prev_receipt_hash")
+    return reasons, passed
+
+
+def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | None = None,
+           prev: dict[str, Any] | None = None, trusted_keys: Iterable[str] | None = None,
+           reexecute: bool = True) -> VerifyResult:
+    """Check signature, hashes and chain link, then re-execute the numpy oracle from the
+    committed artifact (pinned by ``model_hash``) and compare every output byte."""
+    reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
+    if reasons and any(r.startswith("receipt lacks") for r in reasons):
+        return VerifyResult(ok=False, reasons=reasons, checks=passed)
+    if reexecute:
+        from . import _paths
+        from .artifact import ArtifactError
+        from .engine import IntegerEngine, ParamError, reexecute_receipt
+
+        path = Path(artifact_path) if artifact_path is not None else _paths.default_artifact_path()
+        try:
+            eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"])
+        except (ArtifactError, OSError) as e:
+            reasons.append(f"cannot load the committed artifact: {e}")
+            return VerifyResult(ok=False, reasons=reasons, checks=passed)
+        passed.append("artifact hash == model_hash")
+        try:
+            toks, digest = reexecute_receipt(eng, receipt)
+        except (ParamError, ValueError, ArithmeticError) as e:
+            reasons.append(f"re-execution failed: {e}")
+            return VerifyResult(ok=False, reasons=reasons, checks=passed)
+        claimed = [int(t) for t in receipt["output_tokens"]]
+        if toks != claimed:
+            first = next((i for i, (a, b) in enumerate(zip(toks, claimed, strict=False))
+                          if a != b), min(len(toks), len(claimed)))
+            reasons.append(f"output_tokens differ from re-execution at index {first}: "
+                           f"receipt has {claimed[first:first + 4]}, oracle gives "
+                           f"{toks[first:first + 4]} (lengths {len(claimed)} vs {len(toks)})")
+        else:
+            passed.append("output_tokens == oracle re-execution")
+        if digest != receipt["logits_digest"]:
+            reasons.append("logits_digest differs from the oracle's: the producer's logits "
+                           "were not byte-identical")
+        else:
+            passed.append("logits_digest == oracle re-execution")
+    return VerifyResult(ok=not reasons, reasons=reasons, checks=passed)
+
+
+def load_receipts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A receipt file: one JSON object, a JSON list, or JSON Lines (a chain)."""
+    text = Path(path).read_text(encoding="utf-8").strip()
+    if not text:
+        return []
+    if text[0] == "[":
+        data = json.loads(text)
+        return [dict(r) for r in data]
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def verify_chain(receipts: Sequence[dict[str, Any]], **kw: Any) -> list[VerifyResult]:
+    """Verify each receipt, linking each to the one before it in the sequence."""
+    out = []
+    prev: dict[str, Any] | None = None
+    for r in receipts:
+        out.append(verify(r, prev=prev, **kw))
+        prev = r
+    return out

