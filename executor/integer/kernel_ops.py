@@ -6,6 +6,7 @@ integer array code only (slicing, concatenation, integer additions).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Final
 
 import numpy as np
@@ -37,7 +38,7 @@ def wq_of(scale: Any, offset: Any | None, qmax: int) -> np.ndarray[Any, np.dtype
     return np.asarray((wmax >> 10) + 1, dtype=np.int64)
 
 
-class KernelOps:
+class KernelOps(ABC):
     """Base: prepares fused weights on the host, subclasses move them and launch kernels."""
 
     xp: Any = np
@@ -68,14 +69,16 @@ class KernelOps:
     def put(self, a: Any) -> Any:
         return np.ascontiguousarray(a)
 
+    @abstractmethod
     def launch(self, name: str, grid: tuple[int, ...], args: tuple[Any, ...]) -> None:
-        raise NotImplementedError
+        """Run kernel ``name`` over ``grid`` blocks (g++ threads on the CPU, CUDA on a GPU)."""
 
     def check(self, what: str, maxabs: Any, limit: int) -> None:
         oracle.check_bound(what, int(maxabs), limit)
 
     def finish(self) -> None:
         """Called once at the end of a forward (the CuPy backend checks its flags here)."""
+        return None
 
     # ops --------------------------------------------------------------------------------
     def _c(self, a: Any) -> Any:
