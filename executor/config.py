@@ -80,6 +80,10 @@ class ExecutorConfig(BaseModel):
     device: Literal["auto", "cpu"] = "auto"
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
+    #: The integer engine's backend: ``auto`` (``cupy`` on a CUDA device unless ``device`` is
+    #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``cpu-kernel`` (the
+    #: CUDA sources built with g++) or ``cupy``. Every backend is byte-identical to the oracle.
+    integer_backend: Literal["auto", "oracle", "cpu-kernel", "cupy"] = "auto"
     #: HTTP (health, metrics, facts). ``http_port`` 0 picks a free port; None disables HTTP.
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088
@@ -105,6 +109,11 @@ class ExecutorConfig(BaseModel):
         except re.error as exc:
             raise ValueError(f"topic_pattern is not a regex: {exc}") from exc
         return value
+
+    @property
+    def receipt_chain_file(self) -> Path:
+        """Where receipt-signing engines keep the node's chain head: beside the node key."""
+        return self.key_file.with_name(self.key_file.name + ".receipt-chain.json")
 
     def group_id(self, kind: str) -> str:
         """The consumer group serving ``kind``."""

@@ -48,6 +48,12 @@ class NodeIdentity:
         self.public_key_b64 = base64.b64encode(_raw(self.public_key)).decode("ascii")
         self.key_id = key_id_of(self.public_key)
 
+    @property
+    def private_key(self) -> Ed25519PrivateKey:
+        """The private key, for signers inside this process that must sign with the node's key
+        (the integer engine's receipts, so they verify against the key on ``sys.facts``)."""
+        return self._key
+
     @classmethod
     def generate(cls) -> NodeIdentity:
         """A fresh key held only in memory (tests, benches)."""

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Generator, Iterable
@@ -183,8 +184,14 @@ class ExecutorService:
         self.metrics = ExecutorMetrics()
         self._engine_targets = {**BUILTIN_ENGINES, **config.engines}
         self._engine_options = EngineOptions(
-            intra_op_threads=config.intra_op_threads, device=config.device
+            intra_op_threads=config.intra_op_threads,
+            device=config.device,
+            node_id=config.node_id,
+            identity=self.identity,
+            receipt_chain_file=config.receipt_chain_file,
+            integer_backend=config.integer_backend,
         )
+        self._engines_lock = threading.Lock()
         self._engines: dict[str, Engine] = dict(engines or {})
         if "onnxruntime" not in self._engines:
             self._engines["onnxruntime"] = build_engine(
@@ -391,24 +398,31 @@ class ExecutorService:
 
     # ------------------------------------------------------------------------------ models
     def _engine_for(self, manifest: ModelManifest) -> Engine:
-        engine = self._engines.get(manifest.engine)
-        if engine is None:
-            target = self._engine_targets.get(manifest.engine)
-            if target is None:
-                raise ModelError(
-                    "model_unknown", f"model {manifest.hash} needs engine {manifest.engine!r}, "
-                    "which this executor does not have"
-                )
-            engine = build_engine(target, self._engine_options)
-            self._engines[manifest.engine] = engine
-        return engine
+        """The engine named by ``manifest``, built on first use (from the event loop or a worker
+        thread: the lock keeps it to one instance)."""
+        with self._engines_lock:
+            engine = self._engines.get(manifest.engine)
+            if engine is None:
+                target = self._engine_targets.get(manifest.engine)
+                if target is None:
+                    raise ModelError(
+                        "model_unknown", f"model {manifest.hash} needs engine "
+                        f"{manifest.engine!r}, which this executor does not have"
+                    )
+                try:
+                    engine = build_engine(target, self._engine_options)
+                except (ImportError, OSError, ValueError, TypeError) as exc:
+                    raise ModelError(
+                        "model_unknown", f"engine {manifest.engine!r} ({target}) cannot be "
+                        f"built here: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self._engines[manifest.engine] = engine
+            return engine
 
     def _ensure_loaded(self, model_hash: str) -> tuple[Engine, ModelManifest]:
         """Load ``model_hash`` into its engine from hash-checked bytes (runs in a thread)."""
         manifest = self.store.manifest(model_hash)
-        engine = self._engines.get(manifest.engine)
-        if engine is None:
-            raise ModelError("model_unknown", f"engine {manifest.engine!r} is not built")
+        engine = self._engine_for(manifest)
         if model_hash in engine.loaded() and self.store.status(model_hash) == "ready":
             return engine, manifest
         try:
@@ -433,7 +447,7 @@ class ExecutorService:
         else:
             status = self.store.status(model_hash)
         if status == "corrupt":
-            for engine in self._engines.values():
+            for engine in self._engine_list():
                 engine.unload(model_hash)
             self.metrics.model_load_failures.labels("model_hash_mismatch").inc()
             log.error("model %s fails its hash check in %s", model_hash, self.store.root)
@@ -441,7 +455,12 @@ class ExecutorService:
         return status
 
     def _loaded_models(self) -> set[str]:
-        return {h for e in self._engines.values() for h in e.loaded()}
+        return {h for e in self._engine_list() for h in e.loaded()}
+
+    def _engine_list(self) -> list[Engine]:
+        """The engines built so far (a worker thread may be building one right now)."""
+        with self._engines_lock:
+            return list(self._engines.values())
 
     # ------------------------------------------------------------------------------ facts
     def _build_facts(self) -> Any:
@@ -450,8 +469,10 @@ class ExecutorService:
             queue_limits=self.config.kinds,
             models_present=self.store.hashes(),
             models_loaded=self._loaded_models(),
-            engines={e.name: e.version for e in self._engines.values()},
-            accelerators=["cuda"] if self.state.refusal_executor.device_class == "cuda" else [],
+            engines={e.name: e.version for e in self._engine_list()},
+            accelerators=(
+                ["cuda"] if any(e.device_class == "cuda" for e in self._engine_list()) else []
+            ),
             public_key_b64=self.identity.public_key_b64,
             key_id=self.identity.key_id,
             now_us=_now_us(),

@@ -16,8 +16,8 @@ from a worker thread, with one or more concurrent requests for the same model. A
 
 Registering an engine: ``ExecutorConfig.engines`` maps a manifest engine name to
 ``"module:factory"``; the factory is called with an :class:`EngineOptions` and returns an
-:class:`Engine`. The integer engine plugs in through a small adapter whose ``run_batch`` calls
-``IntegerEngine.run(params)`` per item (see ``docs/executor.md``).
+:class:`Engine`. Built in: ``onnxruntime`` (:mod:`executor.engines.onnx`) and ``integer``
+(:mod:`executor.engines.integer`, the integer fixed-point LLM with signed, chained receipts).
 
 This module imports nothing heavy: engines load their libraries when they are built.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import JsonValue
@@ -34,6 +35,7 @@ from pydantic import JsonValue
 from executor.errors import EngineError
 
 if TYPE_CHECKING:
+    from executor.identity import NodeIdentity
     from executor.models import ModelManifest
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "EngineFactory",
     "EngineOptions",
     "EngineResult",
+    "IntegerBackend",
     "build_engine",
 ]
 
@@ -60,12 +63,27 @@ class EngineResult:
     receipt: dict[str, JsonValue] | None = None
 
 
+IntegerBackend = Literal["auto", "oracle", "cpu-kernel", "cupy"]
+
+
 @dataclass(frozen=True)
 class EngineOptions:
-    """What the executor's config says to every engine."""
+    """What the executor's config says to every engine.
+
+    ``node_id``, ``identity`` and ``receipt_chain_file`` are for engines that sign receipts (the
+    integer engine): they sign with the node's own key, so receipts verify against the public key
+    the node publishes on ``sys.facts``, and keep their chain head in ``receipt_chain_file``
+    (beside the node key) so the chain survives a restart. Engines that sign nothing ignore them.
+    """
 
     intra_op_threads: int = 1
     device: Literal["auto", "cpu"] = "auto"
+    node_id: str = "engine"
+    identity: NodeIdentity | None = None
+    receipt_chain_file: Path | None = None
+    #: The integer engine's backend: ``auto`` = ``cupy`` when a CUDA device is there and
+    #: ``device`` is not ``cpu``, else the numpy ``oracle``.
+    integer_backend: IntegerBackend = "auto"
 
 
 @runtime_checkable
@@ -100,7 +118,11 @@ class Engine(Protocol):
 EngineFactory = Callable[[EngineOptions], Engine]
 
 #: Engines that ship with the executor: manifest engine name -> ``module:factory``.
-BUILTIN_ENGINES: dict[str, str] = {"onnxruntime": "executor.engines.onnx:OnnxEngine"}
+#: Each is built only when a stored model names it (the integer engine imports numpy only then).
+BUILTIN_ENGINES: dict[str, str] = {
+    "onnxruntime": "executor.engines.onnx:OnnxEngine",
+    "integer": "executor.engines.integer:IntegerEngineAdapter",
+}
 
 
 def build_engine(target: str, options: EngineOptions) -> Engine:

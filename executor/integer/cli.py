@@ -3,6 +3,11 @@
 Each ``add_*`` function adds ONE subparser to the given ``subparsers`` object and sets
 ``func(args) -> int`` (the exit code). ``register(subparsers)`` adds all three under the names
 ``import-int``, ``eval-fidelity`` and ``verify`` (for a flat command tree).
+
+``import-int`` also puts the artifact into the executor's model store and ``verify --workload``
+reads a workload's log from Kafka; both import the executor modules they need
+(``executor.models``, ``executor.engines.integer``, ``executor.verify_workload``) only when run, so
+the verifier of receipt files still needs nothing beyond numpy and cryptography.
 """
 
 from __future__ import annotations
@@ -16,6 +21,18 @@ from typing import Any
 from . import _paths
 
 
+def _store_dir(args: argparse.Namespace) -> Path:
+    """``--store``, else the executor config's ``model_dir`` (``--config`` or the defaults)."""
+    if getattr(args, "store", None):
+        return Path(args.store)
+    from executor.config import ConfigError, default_data_dir, load_config
+
+    try:
+        return load_config(getattr(args, "config", None)).model_dir
+    except ConfigError:
+        return default_data_dir() / "models"
+
+
 def _models_import_int(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     try:
@@ -23,8 +40,22 @@ def _models_import_int(args: argparse.Namespace) -> int:
     except (KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"model": args.model, "path": str(path), "model_hash": h,
-                      "bytes": path.stat().st_size}))
+    row: dict[str, Any] = {"model": args.model, "path": str(path), "model_hash": h,
+                           "bytes": path.stat().st_size}
+    if not args.no_store:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from executor.engines.integer import import_artifact
+
+        pkg, gguf, _ = _paths.MODEL_ALIASES[args.model]
+        try:
+            src = f"{args.model}=={version(args.model)}:{pkg}/{gguf}"
+        except PackageNotFoundError:
+            src = f"{args.model}:{pkg}/{gguf}"
+        store = _store_dir(args)
+        manifest = import_artifact(store, path, source=f"{src} -> integer artifact")
+        row.update(store=str(store), store_hash=manifest.hash)
+    print(json.dumps(row))
     return 0
 
 
@@ -35,6 +66,11 @@ def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse
     p.add_argument("--out", help="artifact path (default: the cache, $FX_CACHE_DIR or "
                                  "~/.cache/ninelives-fx)")
     p.add_argument("--force", action="store_true", help="re-convert even if cached")
+    p.add_argument("--store", help="model store to put the artifact in (default: the executor "
+                                   "config's model_dir)")
+    p.add_argument("--config", help="executor config file (for model_dir)")
+    p.add_argument("--no-store", action="store_true",
+                   help="only build the cached artifact, do not touch the model store")
     p.set_defaults(func=_models_import_int)
     return p
 
@@ -67,11 +103,49 @@ def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser
     return p
 
 
+def _verify_workload(args: argparse.Namespace) -> int:
+    import os
+
+    from executor.verify_workload import run
+
+    bootstrap = args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP") or "127.0.0.1:9092"
+    store = _store_dir(args)
+
+    def progress(msg: str) -> None:
+        print(f"verify: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        result, lines = run(bootstrap, args.workload,
+                            artifact=Path(args.artifact) if args.artifact else None,
+                            store=store, strict_chain=args.strict_chain,
+                            reexecute=not args.no_reexecute, progress=progress)
+    except (LookupError, TimeoutError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    return 0 if result.ok else 1
+
+
+def _unwrap(item: dict[str, Any]) -> dict[str, Any]:
+    """A receipt, or a response record (JSON) whose ``receipt.integer`` is one."""
+    if item.get("kind") == "response" and isinstance(item.get("receipt"), dict):
+        inner = item["receipt"].get("integer")
+        if isinstance(inner, dict):
+            return inner
+    return item
+
+
 def _verify(args: argparse.Namespace) -> int:
     from . import receipt
 
+    if (args.receipt_file is None) == (args.workload is None):
+        print("error: give a RECEIPT_FILE or --workload ID (one of the two)", file=sys.stderr)
+        return 2
+    if args.workload is not None:
+        return _verify_workload(args)
     try:
-        receipts = receipt.load_receipts(args.receipt_file)
+        receipts = [_unwrap(r) for r in receipt.load_receipts(args.receipt_file)]
     except (OSError, ValueError) as e:
         print(f"error: cannot read receipts: {e}", file=sys.stderr)
         return 2
@@ -103,7 +177,20 @@ def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser
     p: argparse.ArgumentParser = subparsers.add_parser(
         name, help="verify integer-engine receipts: signature, chain, and byte-exact "
                    "re-execution on the CPU oracle")
-    p.add_argument("receipt_file", help="a receipt JSON, a JSON list, or JSON Lines (a chain)")
+    p.add_argument("receipt_file", nargs="?",
+                   help="a receipt JSON (or a response record carrying one), a JSON list, or "
+                        "JSON Lines (a chain)")
+    p.add_argument("--workload", metavar="ID",
+                   help="verify every receipt on wl.<ID>.resp (read_committed): response "
+                        "signatures against sys.facts, the per-node chain, the request on "
+                        ".out, and oracle re-execution")
+    p.add_argument("--bootstrap", help="Kafka bootstrap (default: $FX_KAFKA_BOOTSTRAP)")
+    p.add_argument("--store", help="model store to find artifacts by modelHash (default: the "
+                                   "executor config's model_dir); the cache is tried after it")
+    p.add_argument("--config", help="executor config file (for model_dir)")
+    p.add_argument("--strict-chain", action="store_true",
+                   help="--workload: a gap in a node's chain (seq - 1 not in this workload) "
+                        "fails")
     p.add_argument("--artifact", help="committed artifact path (default: the cached import)")
     p.add_argument("--trusted-key", action="append", default=[],
                    help="hex Ed25519 public key to trust (repeatable; default: any)")

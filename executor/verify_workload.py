@@ -1,0 +1,453 @@
+"""``fx verify --workload ID``: check every integer-engine receipt on a workload's ``.resp``.
+
+Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last stable offsets) and
+``sys.facts`` (the latest facts of each node), then, for every response that carries a receipt
+(``receipt.integer``) or was written by the integer engine:
+
+1. **the response record's own signature**: Ed25519 over its canonical bytes, against the public
+   key its writer (``written_by``) publishes on ``sys.facts``;
+2. **who signed the receipt**: the receipt's ``public_key`` is that same node key and its
+   ``node_id`` is the writer;
+3. **the record matches the receipt**: ``model_hash`` is ``sha256:`` + the receipt's modelHash,
+   the output's ``output_tokens`` are the receipt's and its ``text`` is their decoding;
+4. **the receipt answers the request**: the request at ``request_offset`` on ``.out`` has the same
+   effect id and model, and its parameters (with the documented defaults, the input body as the
+   prompt when no prompt parameter is given) tokenize to the receipt's ``prompt_tokens`` and
+   normalise to its ``params``;
+5. **the chain**: per node, receipts ordered by ``seq``; where ``seq - 1`` is in this workload,
+   ``prev_receipt_hash`` must be its hash (and the key the same); two different receipts with one
+   ``seq`` are a fork. A node's chain spans every workload it serves, so a missing ``seq - 1`` is
+   a *gap* (receipts for other workloads), reported, and a failure only with ``strict_chain``;
+6. **the receipt itself** (:func:`executor.integer.receipt.verify`): its signature, input and
+   output hashes, then the numpy oracle re-executes the request on the CPU from the committed
+   artifact (found by modelHash: ``--artifact``, the model store, then the cache; its sha256 must
+   equal the modelHash) and output tokens and logits digest must be identical.
+
+The checks are pure functions over decoded records (:func:`verify_records`); :func:`read_log` is
+the only part that talks to the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker_schema import DecodeError, decode, topics
+from broker_schema.records import (
+    EffectRequest,
+    FactsRecord,
+    InlineBody,
+    ResponseRecord,
+)
+from executor.identity import verify_response
+
+if TYPE_CHECKING:
+    from executor.integer.engine import IntegerEngine
+
+__all__ = [
+    "ReceiptCheck",
+    "Resolved",
+    "WorkloadLog",
+    "WorkloadVerification",
+    "artifact_resolver",
+    "read_log",
+    "verify_records",
+]
+
+
+@dataclasses.dataclass
+class WorkloadLog:
+    """What the verifier reads: responses in append order, requests by offset, facts by node."""
+
+    workload_id: str
+    responses: list[tuple[int, ResponseRecord]]
+    requests: dict[int, EffectRequest]
+    facts: dict[str, FactsRecord]
+    undecodable: int = 0
+
+
+@dataclasses.dataclass
+class ReceiptCheck:
+    """The verdict on one response with a receipt."""
+
+    offset: int
+    effect_id: str
+    node_id: str
+    seq: int | None
+    text: str
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    checks: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+@dataclasses.dataclass
+class WorkloadVerification:
+    workload_id: str
+    receipts: list[ReceiptCheck]
+    skipped: dict[str, int]
+    problems: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.receipts) and not self.problems and all(r.ok for r in self.receipts)
+
+
+# ------------------------------------------------------------------------------ reading
+async def _read_partition(consumer: Any, topic: str, timeout: float) -> list[tuple[int, bytes]]:
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    begin = (await consumer.beginning_offsets([tp]))[tp]
+    end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
+    out: list[tuple[int, bytes]] = []
+    if begin >= end:
+        return out
+    consumer.seek(tp, begin)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await consumer.position(tp) < end:
+        if loop.time() > deadline:
+            raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} of {end}")
+        batch = await consumer.getmany(tp, timeout_ms=500)
+        for msg in batch.get(tp, []):
+            if msg.offset < end:
+                out.append((msg.offset, msg.value or b""))
+    return out
+
+
+async def read_log(bootstrap: str, workload_id: str, *, timeout: float = 60.0) -> WorkloadLog:
+    """``.resp``, ``.out`` and ``sys.facts`` as the verifier needs them (read_committed)."""
+    from fx_kafka.client import make_consumer
+
+    consumer = make_consumer(bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        present = await consumer.topics()
+        resp_topic = topics.resp(workload_id)
+        if resp_topic not in present:
+            raise LookupError(f"no topic {resp_topic} on {bootstrap}")
+        log = WorkloadLog(workload_id, [], {}, {})
+        for offset, value in await _read_partition(consumer, resp_topic, timeout):
+            try:
+                rec = decode(value)
+            except DecodeError:
+                log.undecodable += 1
+                continue
+            if isinstance(rec, ResponseRecord):
+                log.responses.append((offset, rec))
+        out_topic = topics.out(workload_id)
+        if out_topic in present:
+            for offset, value in await _read_partition(consumer, out_topic, timeout):
+                try:
+                    rec = decode(value)
+                except DecodeError:
+                    continue
+                if isinstance(rec, EffectRequest):
+                    log.requests[offset] = rec
+        if topics.FACTS in present:
+            for _, value in await _read_partition(consumer, topics.FACTS, timeout):
+                try:
+                    rec = decode(value)
+                except DecodeError:
+                    continue
+                if isinstance(rec, FactsRecord):
+                    log.facts[rec.node_id] = rec  # compacted, keyed by node: the latest wins
+        return log
+    finally:
+        await consumer.stop()
+
+
+# ------------------------------------------------------------------------------ artifacts
+@dataclasses.dataclass
+class Resolved:
+    """The committed artifact for one modelHash, as found by :func:`artifact_resolver`."""
+
+    path: Path | None
+    engine: IntegerEngine | None
+    defaults: dict[str, Any]
+    tried: list[str]
+
+
+def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
+                      ) -> Callable[[str], Resolved]:
+    """``modelHash -> Resolved``: the first of ``artifact``, ``<store>/sha256/<modelHash>`` and
+    the integer engine's cache whose sha256 is the modelHash, with an oracle engine over it, and
+    the parameter defaults of the store's manifest (else the documented defaults)."""
+    from executor.engines.integer import default_params
+    from executor.integer import _paths
+    from executor.integer.artifact import ArtifactError
+    from executor.integer.engine import IntegerEngine
+    from executor.models import ModelManifest
+
+    def resolve(model_hash: str) -> Resolved:
+        defaults = default_params()
+        if store is not None:
+            mpath = store / "sha256" / (model_hash + ".json")
+            if mpath.is_file():
+                manifest = ModelManifest.model_validate_json(mpath.read_bytes())
+                defaults = {k: d.default for k, d in manifest.params.items()}
+        candidates: list[Path] = []
+        if artifact is not None:
+            candidates.append(artifact)
+        if store is not None:
+            candidates.append(store / "sha256" / model_hash)
+        candidates.append(_paths.default_artifact_path())
+        tried: list[str] = []
+        for path in candidates:
+            if not path.is_file():
+                tried.append(f"{path}: absent")
+                continue
+            try:  # cached per (path, hash): the re-execution reuses this engine
+                eng = IntegerEngine.cached(path, expected_model_hash=model_hash)
+            except (ArtifactError, OSError) as exc:
+                tried.append(f"{path}: {exc}")
+                continue
+            return Resolved(path, eng, defaults, tried)
+        return Resolved(None, None, defaults, tried)
+
+    return resolve
+
+
+# ------------------------------------------------------------------------------ checks
+def _raw_key_hex(facts: FactsRecord) -> str | None:
+    try:
+        return base64.b64decode(facts.public_key, validate=True).hex()
+    except (ValueError, binascii.Error):
+        return None
+
+
+def _output_json(resp: ResponseRecord) -> Any:
+    body = resp.output
+    if isinstance(body, InlineBody) and body.encoding == "json":
+        return body.data
+    return None
+
+
+def _check_request(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[str, Any],
+                   request: EffectRequest | None, found: Resolved) -> None:
+    from executor.engines.integer import request_params
+    from executor.errors import OutcomeError
+    from executor.integer.engine import ParamError
+
+    if request is None:
+        check.reasons.append(f"no request at offset {resp.request_offset} of .out: the receipt "
+                             "cannot be tied to what was asked")
+        return
+    if request.effect_id != resp.effect_id:
+        check.reasons.append(f"the request at .out offset {resp.request_offset} is "
+                             f"{request.effect_id}, not {resp.effect_id}")
+        return
+    if request.model != resp.model_hash:
+        check.reasons.append(f"the request asked for model {request.model}, the response "
+                             f"names {resp.model_hash}")
+    body = request.input
+    if body is not None and not isinstance(body, InlineBody):
+        check.notes.append("request input by reference: prompt not re-derived here")
+        return
+    data = body.raw() if isinstance(body, InlineBody) else b""
+    if found.engine is None:
+        check.notes.append("no artifact: the request's prompt was not re-tokenized")
+        return
+    try:
+        req, canon = found.engine.prepare(
+            request_params(found.defaults, dict(request.params), data))
+    except (ParamError, OutcomeError) as exc:
+        check.reasons.append(f"the request's params do not parse ({exc}), yet it was answered ok")
+        return
+    if list(req.prompt_tokens) != receipt.get("prompt_tokens"):
+        check.reasons.append("the receipt's prompt_tokens are not the tokenization of the "
+                             f"request at .out offset {resp.request_offset}")
+    elif canon != receipt.get("params"):
+        check.reasons.append(f"the receipt's params {receipt.get('params')} are not the "
+                             f"request's {canon}")
+    else:
+        check.checks.append("prompt and params == the request on .out")
+
+
+def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[str, Any],
+                  found: Resolved) -> None:
+    out = _output_json(resp)
+    if not isinstance(out, dict):
+        check.notes.append("output not inline JSON: not compared with the receipt")
+        return
+    toks = receipt.get("output_tokens")
+    if out.get("output_tokens") != toks:
+        check.reasons.append("the response's output_tokens differ from the receipt's")
+        return
+    eng = found.engine
+    if eng is not None and isinstance(toks, list):
+        stop = (receipt.get("params") or {}).get("stop_token")
+        text_toks = toks[:-1] if toks and toks[-1] == stop else toks
+        if eng.tokenizer.decode([int(t) for t in text_toks]) != out.get("text"):
+            check.reasons.append("the response's text is not the decoding of the receipt's "
+                                 "output_tokens")
+            return
+    check.checks.append("response output == receipt output_tokens")
+
+
+def verify_records(
+    log: WorkloadLog,
+    *,
+    resolve: Callable[[str], Resolved],
+    strict_chain: bool = False,
+    reexecute: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> WorkloadVerification:
+    """Check every receipt-carrying response of ``log`` (see the module docstring)."""
+    from executor.engines.integer import ENGINE
+    from executor.integer import receipt as rc
+
+    skipped: dict[str, int] = {}
+    problems: list[str] = []
+    found: list[tuple[int, ResponseRecord, dict[str, Any] | None]] = []
+    for offset, resp in log.responses:
+        receipt: Any = (resp.receipt or {}).get("integer")
+        engine = resp.executor.engine if resp.executor else None
+        if isinstance(receipt, dict):
+            found.append((offset, resp, receipt))
+        elif resp.outcome == "ok" and engine == ENGINE:
+            found.append((offset, resp, None))
+        else:
+            why = (f"{resp.outcome} outcome" if resp.outcome != "ok"
+                   else f"no integer receipt (engine {engine})")
+            skipped[why] = skipped.get(why, 0) + 1
+    if log.undecodable:
+        problems.append(f"{log.undecodable} undecodable records on {topics.resp(log.workload_id)}")
+
+    # the chain: per node, by seq
+    by_node: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    append_seqs: dict[str, list[int]] = {}
+    for _, resp, receipt in found:
+        seq_of = receipt.get("seq") if receipt is not None else None
+        if not isinstance(seq_of, int):
+            continue
+        by_node.setdefault(resp.written_by, {}).setdefault(seq_of, []).append(receipt)
+        append_seqs.setdefault(resp.written_by, []).append(seq_of)
+    notes = [f"node {node}: receipts appended out of seq order {seqs} (several workers); "
+             "the chain is checked by seq" for node, seqs in append_seqs.items()
+             if seqs != sorted(seqs)]
+
+    checks: list[ReceiptCheck] = []
+    total = len(found)
+    for n, (offset, resp, receipt) in enumerate(found):
+        text = ""
+        out = _output_json(resp)
+        if isinstance(out, dict) and isinstance(out.get("text"), str):
+            text = out["text"]
+        seq_val = receipt.get("seq") if receipt else None
+        check = ReceiptCheck(offset=offset, effect_id=resp.effect_id, node_id=resp.written_by,
+                             seq=seq_val if isinstance(seq_val, int) else None, text=text)
+        checks.append(check)
+        # 1. the response record's own signature, against the writer's key on sys.facts
+        facts = log.facts.get(resp.written_by)
+        if facts is None:
+            check.reasons.append(f"no facts for node {resp.written_by} on sys.facts: its "
+                                 "public key is unknown")
+        elif not verify_response(resp, facts.public_key):
+            check.reasons.append(f"the response record's signature does not verify against "
+                                 f"node {resp.written_by}'s key on sys.facts ({facts.key_id})")
+        else:
+            check.checks.append("response signature (node key on sys.facts)")
+        if receipt is None:
+            check.reasons.append("an ok response of the integer engine without a receipt")
+            continue
+        if progress is not None:
+            progress(f"receipt {n + 1}/{total} (offset {offset}): re-executing on the CPU oracle")
+        # 2. who signed the receipt
+        if facts is not None:
+            if receipt.get("public_key") != _raw_key_hex(facts):
+                check.reasons.append(f"the receipt is signed by key {receipt.get('public_key')}, "
+                                     f"not node {resp.written_by}'s key on sys.facts")
+            else:
+                check.checks.append("receipt key == node key on sys.facts")
+        if receipt.get("node_id") != resp.written_by:
+            check.reasons.append(f"receipt node_id {receipt.get('node_id')!r} is not the "
+                                 f"response's writer {resp.written_by!r}")
+        # 3. the record's model hash; the artifact it names
+        model_hex = str(receipt.get("model_hash", ""))
+        if resp.model_hash != "sha256:" + model_hex:
+            check.reasons.append(f"response model_hash {resp.model_hash} != receipt model_hash "
+                                 f"sha256:{model_hex}")
+        found_art = resolve(model_hex)
+        if found_art.path is None:
+            missing = (f"no committed artifact with modelHash {model_hex} "
+                       f"({'; '.join(found_art.tried)})")
+            if reexecute:
+                check.reasons.append(missing + ": cannot re-execute")
+            else:
+                check.notes.append(missing)
+        _check_output(check, resp, receipt, found_art)
+        # 4. the request it answers
+        _check_request(check, resp, receipt, log.requests.get(resp.request_offset), found_art)
+        # 5. the chain link
+        seq = receipt.get("seq")
+        prev: dict[str, Any] | None = None
+        if isinstance(seq, int):
+            same = by_node.get(resp.written_by, {}).get(seq, [])
+            if len({rc.receipt_hash(r) for r in same}) > 1:
+                check.reasons.append(f"chain fork: node {resp.written_by} signed "
+                                     f"{len(same)} different receipts with seq {seq}")
+            before = by_node.get(resp.written_by, {}).get(seq - 1)
+            if before:
+                prev = before[0]
+            elif seq > 0:
+                gap = (f"chain gap: seq {seq - 1} of node {resp.written_by} is not in this "
+                       "workload (a receipt for another workload, or missing)")
+                (check.reasons if strict_chain else check.notes).append(gap)
+        # 6. the receipt: signature, hashes, link, oracle re-execution
+        if found_art.path is not None or not reexecute:
+            res = rc.verify(receipt, artifact_path=found_art.path, prev=prev,
+                            reexecute=reexecute)
+            check.reasons.extend(res.reasons)
+            check.checks.extend(res.checks)
+        else:
+            static_reasons, passed = rc.check_static(receipt, prev=prev)
+            check.reasons.extend(static_reasons)
+            check.checks.extend(passed)
+    if not found:
+        problems.append(f"no integer-engine receipts on {topics.resp(log.workload_id)} "
+                        f"({len(log.responses)} responses)")
+    return WorkloadVerification(log.workload_id, checks, skipped, problems, notes)
+
+
+def render(result: WorkloadVerification) -> list[str]:
+    """One line per receipt (then its failures and notes) and a summary."""
+    lines: list[str] = []
+    for c in result.receipts:
+        status = "OK  " if c.ok else "FAIL"
+        text = c.text if len(c.text) <= 60 else c.text[:57] + "..."
+        lines.append(f"{status} resp@{c.offset} {c.effect_id} node={c.node_id} seq={c.seq} "
+                     f"({len(c.checks)} checks) {text!r}")
+        lines.extend(f"     FAIL {r}" for r in c.reasons)
+        lines.extend(f"     note {n}" for n in c.notes)
+    for p in result.problems:
+        lines.append(f"FAIL {p}")
+    lines.extend(f"note {n}" for n in result.notes)
+    good = sum(c.ok for c in result.receipts)
+    skipped = ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items()))
+    lines.append(f"{good}/{len(result.receipts)} receipts verified on "
+                 f"{topics.resp(result.workload_id)}"
+                 + (f"; not receipts: {skipped}" if skipped else ""))
+    return lines
+
+
+def run(bootstrap: str, workload_id: str, *, artifact: Path | None, store: Path | None,
+        strict_chain: bool, reexecute: bool,
+        progress: Callable[[str], None] | None = None) -> tuple[WorkloadVerification, list[str]]:
+    """Read the log and verify it; returns the result and its rendered lines."""
+    log = asyncio.run(read_log(bootstrap, workload_id))
+    result = verify_records(log, resolve=artifact_resolver(artifact=artifact, store=store),
+                            strict_chain=strict_chain, reexecute=reexecute, progress=progress)
+    return result, render(result)
+

