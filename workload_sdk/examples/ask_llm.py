@@ -1,0 +1,41 @@
+"""Ask a language model: every text input becomes a question to the model bound as ``llm``.
+
+Meant for the integer engine (SmolLM2-135M in integer fixed point), whose answers carry signed,
+hash-chained receipts that ``fx verify --workload ID`` re-executes on any CPU. Greedy decoding
+(temperature 0) and a fixed token budget are parameters of the request, so they are on the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workload_sdk import EffectResult, InputEvent, Output, State, Workload, emit, infer
+
+MAX_TOKENS = 12
+DEADLINE_MS = 120_000
+
+
+class AskLLM(Workload):
+    """Asks ``llm`` each input's text as a chat question; emits the answer with its outcome."""
+
+    def initial_state(self) -> State:
+        return {"questions": {}, "answered": 0}
+
+    def step(self, state: State, event: InputEvent | EffectResult) -> tuple[State,
+                                                                                Sequence[Output]]:
+        questions = dict(state["questions"])
+        if isinstance(event, InputEvent):
+            question = event.text()
+            questions[f"{event.seq}/0"] = question
+            params = {"prompt": question, "chat": True, "max_tokens": MAX_TOKENS,
+                      "temperature": 0}
+            return dict(state, questions=questions), [
+                infer(model="llm", params=params, deadline_ms=DEADLINE_MS)]
+        question = questions.pop(f"{event.input_offset}/{event.index}", "?")
+        new = dict(state, questions=questions, answered=state["answered"] + 1)
+        if not event.ok:
+            return new, [emit({"question": question, "outcome": event.outcome,
+                               "error": None if event.error is None else event.error.code})]
+        answer = event.json()
+        return new, [emit({"question": question, "answer": answer.get("text"),
+                           "tokens": answer.get("output_tokens"), "model": event.model_hash})]
