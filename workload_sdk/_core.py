@@ -14,6 +14,7 @@ it decides the same. Who calls what:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -135,8 +136,7 @@ class Core:
     @classmethod
     def initial(cls, workload: Workload, workload_id: str) -> Core:
         """A core before the first step."""
-        state = workload.initial_state()
-        _check_state(state, None)
+        state = _normalized_state(workload.initial_state(), None)
         return cls(workload=workload, workload_id=workload_id, state=state)
 
     @classmethod
@@ -170,8 +170,14 @@ class Core:
             positions={"in": snap.positions.get("in", 0), "resp": snap.positions.get("resp", 0)},
         )
 
-    def snapshot(self, epoch: int) -> SnapshotRecord:
-        """A snapshot record of this core (the state before step ``seq``)."""
+    def snapshot(self, epoch: int, *, out_position: int | None = None) -> SnapshotRecord:
+        """A snapshot record of this core (the state before step ``seq``).
+
+        ``out_position`` (holder only): the lowest ``.out`` offset a resume from this snapshot
+        still needs, recorded as ``positions["out"]``; replay does not use it."""
+        positions = dict(self.positions)
+        if out_position is not None:
+            positions["out"] = out_position
         body = {
             "state": self.state,
             "pending": [asdict(p) for p in self.pending.values()],
@@ -183,7 +189,7 @@ class Core:
             epoch=epoch,
             state_hash=content_hash(self.state),
             state=InlineBody.of_json(body),
-            positions=dict(self.positions),
+            positions=positions,
         )
 
     @property
@@ -270,7 +276,7 @@ class Core:
         if not isinstance(result, tuple) or len(result) != 2:
             raise WorkloadError("bad_step", "step must return (state, outputs)", seq=seq)
         new_state, outs = result
-        _check_state(new_state, seq)
+        new_state = _normalized_state(new_state, seq)
         room = spec.outstanding_limit - len(self.pending)
         records: list[OutRecord] = []
         issued: list[Pending] = []
@@ -309,9 +315,15 @@ class Core:
         return tuple(records)
 
 
-def _check_state(state: State, seq: int | None) -> None:
+def _normalized_state(state: State, seq: int | None) -> State:
+    """``state`` as it reads back from its canonical bytes: what a snapshot restores.
+
+    The live fold keeps this value, not the step's own object, so a step that returns a tuple,
+    a float such as ``1.0`` (canonical ``1``) or keeps a reference to it sees the same value
+    live, in replay from the start and in replay from a snapshot.
+    """
     try:
-        canonical_json(state)
+        return json.loads(canonical_json(state))
     except _EncodeError as exc:
         raise WorkloadError("bad_state", f"state is not canonical JSON: {exc.detail}",
                             seq=seq) from exc

@@ -8,9 +8,11 @@ Start-up (each step is a fact on the log, so a successor can check it):
 2. Read ``.claims`` and write a claim with the highest epoch seen plus one, naming the latest
    spec on ``.spec`` (its offset and hash). The running module must hash to the spec's
    ``module_hash``.
-3. Replay ``.merge`` from the latest snapshot with the same core replay uses; read ``.out`` and
-   write any output slot ``(input_offset, index)`` the replay computed that is not on ``.out``
-   (none, normally: outputs and merge entries commit in one transaction).
+3. Replay ``.merge`` from the latest snapshot with the same core replay uses, reading ``.in``,
+   ``.resp`` and ``.out`` only from the positions that snapshot recorded; write any output slot
+   ``(input_offset, index)`` the replay computed that is not on ``.out`` (none, normally: outputs
+   and merge entries commit in one transaction), and refuse to run if a slot that is on ``.out``
+   differs from what replay computed.
 4. Read ``.in`` and ``.resp`` from the positions the replay ended at, and loop: merge in the
    recorded order (:func:`choose_next`), run the step, write outputs, merge entries and periodic
    snapshots in one transaction, then judge deadlines against the append time of the latest
@@ -57,8 +59,8 @@ from workload_sdk._core import (
     due_outcomes,
     holder_outcome,
 )
-from workload_sdk._kafka_io import read_topic, read_workload_log
-from workload_sdk._replay import missing_outputs, out_slots, replay
+from workload_sdk._kafka_io import read_resume_log, read_topic
+from workload_sdk._replay import out_slots, replay, resume_outputs
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,11 @@ class HolderStats:
     ticks: int = 0
     outcomes_written: int = 0
     rewritten_outputs: int = 0
+    #: Snapshots written, and snapshots skipped because they did not fit inline (64 KiB).
+    snapshots: int = 0
+    snapshots_skipped: int = 0
+    #: Where this holder started reading ``.in``/``.resp``/``.out`` on resume.
+    resumed_from: dict[str, int] = field(default_factory=dict)
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
 
@@ -121,8 +128,10 @@ class LeaseHolder:
     """Holds the lease of one workload and runs its fold (see the module docstring).
 
     Create it, then ``await run(stop)``; it returns when ``stop`` is set, raises :class:`Fenced`
-    when a newer holder took over, :class:`WorkloadError` when the step broke a rule, and
-    :class:`NoSpec` when there is no spec to run.
+    when a newer holder took over, :class:`WorkloadError` when the step broke a rule,
+    :class:`NoSpec` when there is no spec to run, and on resume :class:`ReplayError` when the
+    module does not reproduce the recorded merge decisions or outputs and :class:`LogGap` when a
+    record replay needs is gone.
     """
 
     def __init__(self, workload: Workload, config: HolderConfig) -> None:
@@ -139,6 +148,10 @@ class LeaseHolder:
         self._clock: tuple[int, float] | None = None  # (broker ms, local monotonic s)
         self._tick_inflight_since: float | None = None
         self._producer: Any = None
+        self._out_end = 0  # offset after the last committed .out record this holder knows
+        # offsets of records skipped (undecodable, wrong kind) behind records still buffered:
+        # the read position passes them only once everything before them is merged
+        self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
 
     # -- start-up ------------------------------------------------------------------------------
     async def _claim(self) -> None:
@@ -176,15 +189,27 @@ class LeaseHolder:
 
     async def _resume(self) -> None:
         cfg = self.config
-        wl = await read_workload_log(cfg.bootstrap, cfg.workload_id, with_facts=False)
+        wl, positions = await read_resume_log(cfg.bootstrap, cfg.workload_id)
+        self.stats.resumed_from = dict(positions)
         result = replay(self.workload, wl)
         self.core = result.core
+        self._out_end = wl["out"].end
         recorded = out_slots(wl)
         for offset, value in recorded.values():
             record = decode(value)
             if isinstance(record, EffectRequest):
                 self._requests[record.effect_id] = _Req(offset, wl["out"].records[offset].time_ms)
-        missing = missing_outputs(result, wl)
+        for rec in wl["resp"]:
+            # a timeout/unknown an earlier holder wrote that the fold has not merged yet: do not
+            # write a second one
+            try:
+                answer = decode(rec.value)
+            except DecodeError:
+                continue
+            if (isinstance(answer, ResponseRecord) and answer.outcome in ("timeout", "unknown")
+                    and answer.effect_id in self.core.pending):
+                self._written_outcomes.add(answer.effect_id)
+        missing = resume_outputs(result, wl)
         if missing:
             log.warning("%d output slots computed by replay are not on .out: writing them",
                         len(missing))
@@ -212,8 +237,11 @@ class LeaseHolder:
             raise Fenced(f"epoch {self.epoch} of {self.config.workload_id} was fenced by the "
                          f"broker: {exc!r}") from exc
         self.stats.transactions += 1
+        out_topic = topics.out(self.config.workload_id)
         for meta in metas:
             self._observe_clock(meta.timestamp)
+            if meta.topic == out_topic:
+                self._out_end = max(self._out_end, meta.offset + 1)
         return metas
 
     def _observe_clock(self, broker_ms: int) -> None:
@@ -275,6 +303,10 @@ class LeaseHolder:
                     item = self._decode(source, msg)
                     if item is not None:
                         bufs[source].append(item)
+                    elif bufs[source]:
+                        self._skipped[source].append(msg.offset)
+                    else:
+                        core.positions[source] = max(core.positions[source], msg.offset + 1)
             await self._merge_available(bufs)
             await self._judge_and_tick()
         log.info("holder of %s stopping at seq %d", cfg.workload_id, core.seq)
@@ -285,12 +317,10 @@ class LeaseHolder:
             record = decode(msg.value)
         except DecodeError as exc:
             log.warning("skipping undecodable record at %s@%d: %s", msg.topic, msg.offset, exc)
-            self.core.positions[source] = max(self.core.positions[source], msg.offset + 1)
             return None
         ok = (InputRecord,) if source == "in" else (AcceptedRecord, ResponseRecord, TickRecord)
         if not isinstance(record, ok):
             log.warning("skipping a %s record on %s@%d", record.kind, msg.topic, msg.offset)
-            self.core.positions[source] = max(self.core.positions[source], msg.offset + 1)
             return None
         if source == "resp":
             self._observe_clock(msg.timestamp)
@@ -321,6 +351,9 @@ class LeaseHolder:
                 except WorkloadError as exc:
                     failure = exc
                     break
+                skipped, left = self._skipped[source], bufs[source]
+                while skipped and (not left or skipped[0] < left[0].offset):
+                    core.positions[source] = max(core.positions[source], skipped.popleft() + 1)
                 if source == "resp":
                     self._now_resp_ms = item.time_ms
                     if isinstance(item.record, TickRecord):
@@ -340,9 +373,16 @@ class LeaseHolder:
                     outs.append(out)
                     txn.append((topics.out(wid), encode(out)))
                 if applied.snapshot_due:
+                    issued = {o.effect_id for o in outs if isinstance(o, EffectRequest)}
                     try:
-                        txn.append((topics.merge(wid), encode(core.snapshot(self.epoch))))
+                        snap = core.snapshot(self.epoch,
+                                             out_position=self._snapshot_out_position(issued))
+                        txn.append((topics.merge(wid), encode(snap)))
+                        self.stats.snapshots += 1
                     except (ValueError, EncodeError) as exc:
+                        # over the inline limit (64 KiB): resume and replay start from the
+                        # previous snapshot (docs/workloads.md, "Snapshots")
+                        self.stats.snapshots_skipped += 1
                         log.warning("snapshot at seq %d skipped: %s", core.seq, exc)
             if txn:
                 metas = await self._write(txn)
@@ -383,6 +423,20 @@ class LeaseHolder:
         await self._write([(topics.resp(cfg.workload_id), encode(tick))])
         self.stats.ticks += 1
         self._tick_inflight_since = time.monotonic()
+
+    def _snapshot_out_position(self, issued_in_txn: set[str]) -> int | None:
+        """The lowest ``.out`` offset a resume from a snapshot taken now needs: the request of
+        every pending effect, and every output from the snapshot's step on. None (read all of
+        ``.out``) if a pending request's offset is not known."""
+        assert self.core is not None
+        lowest = self._out_end  # outputs of this transaction land at or after it
+        for eid in self.core.pending:
+            req = self._requests.get(eid)
+            if req is not None:
+                lowest = min(lowest, req.offset)
+            elif eid not in issued_in_txn:
+                return None
+        return lowest
 
     def _next_due_ms(self) -> int | None:
         assert self.core is not None

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from aiokafka import TopicPartition
 
-from broker_schema import DecodeError, FactsRecord, decode, topics
+from broker_schema import DecodeError, FactsRecord, SnapshotRecord, decode, topics
 from fx_kafka.client import make_consumer
 from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
 
@@ -83,3 +83,48 @@ async def read_workload_log(bootstrap: str, workload_id: str, *,
     if with_facts:
         log.facts = await read_facts(bootstrap)
     return log
+
+
+def resume_positions(merge: TopicView) -> dict[str, int]:
+    """Where a resuming holder starts reading ``.in``, ``.resp`` and ``.out``: the positions the
+    latest snapshot on ``.merge`` recorded (0 for a source it does not name, or with no snapshot).
+
+    Sound because each source is merged in offset order, so every merge entry after the snapshot
+    names an offset at or above the snapshot's position on its source; and the holder records
+    ``out`` as the lowest ``.out`` offset it still needs (the requests of effects pending at the
+    snapshot, and every output of the snapshot's step or later).
+    """
+    latest: SnapshotRecord | None = None
+    for rec in merge:
+        try:
+            record = decode(rec.value)
+        except DecodeError:
+            continue  # replay reports it, if it needs it
+        if isinstance(record, SnapshotRecord):
+            latest = record
+    positions = {"in": 0, "resp": 0, "out": 0}
+    if latest is not None:
+        for source in positions:
+            positions[source] = latest.positions.get(source, 0)
+    return positions
+
+
+async def read_resume_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog, dict[str, int]]:
+    """The part of a workload's log a resuming holder needs: ``.spec``, ``.claims`` and
+    ``.merge`` in full, ``.in``/``.resp``/``.out`` from the latest snapshot's positions (see
+    :func:`resume_positions`). Returns the log and the positions used."""
+    log = WorkloadLog.empty(workload_id)
+    full = ("spec", "claims", "merge")
+    views = await asyncio.gather(
+        *(read_topic(bootstrap, f"wl.{workload_id}.{s}") for s in full)
+    )
+    for stream, view in zip(full, views, strict=True):
+        log.views[stream] = view
+    positions = resume_positions(log["merge"])
+    tail = ("in", "resp", "out")
+    views = await asyncio.gather(
+        *(read_topic(bootstrap, f"wl.{workload_id}.{s}", start=positions[s]) for s in tail)
+    )
+    for stream, view in zip(tail, views, strict=True):
+        log.views[stream] = view
+    return log, positions

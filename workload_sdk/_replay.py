@@ -37,6 +37,7 @@ __all__ = [
     "missing_outputs",
     "out_slots",
     "replay",
+    "resume_outputs",
 ]
 
 
@@ -169,6 +170,24 @@ def missing_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
     holder writes (slots already written are skipped, so no output is written twice)."""
     recorded = out_slots(log)
     return [out for slot, out in sorted(result.outputs.items()) if slot not in recorded]
+
+
+def resume_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
+    """What a new holder writes after replaying the log: the outputs whose slot is not on
+    ``.out`` yet. Raises :class:`ReplayError` when a slot that *is* on ``.out`` holds other bytes
+    than replay computed: the module (or the log) is not the one that wrote them, and carrying on
+    would fold from a state the recorded outputs do not come from."""
+    recorded = out_slots(log)
+    missing: list[OutRecord] = []
+    for slot, out in sorted(result.outputs.items()):
+        have = recorded.get(slot)
+        if have is None:
+            missing.append(out)
+        elif have[1] != encode(out):
+            raise ReplayError(log["merge"].end, f"the output at seq {slot[0]} index {slot[1]} "
+                              f"on .out@{have[0]} differs from what replay computes: the "
+                              "recorded outputs do not come from this module")
+    return missing
 
 
 def compare_outputs(result: ReplayResult, log: WorkloadLog) -> list[dict[str, Any]]:

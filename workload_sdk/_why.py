@@ -14,9 +14,13 @@ import binascii
 import hashlib
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import load_der_public_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_der_public_key,
+)
 
 from broker_schema import (
     EffectRequest,
@@ -27,6 +31,7 @@ from broker_schema import (
     OutputRecord,
     ResponseRecord,
     SnapshotRecord,
+    sha256_hex,
 )
 from workload_sdk._logview import LogGap, WorkloadLog
 
@@ -38,35 +43,51 @@ MAX_HOPS = 64
 
 def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str, Any]:
     """Check the Ed25519 signature of ``resp`` over :meth:`ResponseRecord.signing_bytes` with the
-    public key the executor published on ``sys.facts`` under the signature's ``key_id``."""
+    public key the executor published on ``sys.facts`` under the signature's ``key_id``.
+
+    ``valid`` is True only when a facts record of the response's own executor node publishes a
+    key whose raw bytes hash to ``key_id`` and the signature verifies with it; False when the
+    signature fails, the key does not hash to its ``key_id``, or the key is published only by
+    another node; None (not checked) when no facts record publishes the key at all.
+    """
     sig = resp.signature
     if sig is None:
         return {"signed": False, "valid": None, "reason": "the response carries no signature"}
-    node = resp.executor.node_id if resp.executor is not None else None
-    candidates = [f for f in facts if f.key_id == sig.key_id]
-    if node is not None and any(f.node_id == node for f in candidates):
-        candidates = [f for f in candidates if f.node_id == node]
+    node = resp.executor.node_id if resp.executor is not None else resp.written_by
     out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": node}
-    if not candidates:
+    published = [f for f in facts if f.key_id == sig.key_id]
+    if not published:
         out.update(valid=None, reason=f"no facts record on sys.facts publishes key {sig.key_id}")
         return out
-    fact = candidates[-1]
-    try:
-        raw = base64.b64decode(fact.public_key, validate=True)
-        key = (Ed25519PublicKey.from_public_bytes(raw) if len(raw) == 32
-               else load_der_public_key(raw))
-        if not isinstance(key, Ed25519PublicKey):
-            raise ValueError("the published key is not an Ed25519 key")
-        key.verify(base64.b64decode(sig.value, validate=True), resp.signing_bytes())
-    except InvalidSignature:
-        out.update(valid=False, reason="the signature does not verify with the published key",
+    own = [f for f in published if f.node_id == node]
+    if not own:
+        others = sorted({f.node_id for f in published})
+        out.update(valid=False, reason=f"key {sig.key_id} is published by {others}, not by "
+                   f"the executor node {node!r} the response names")
+        return out
+    failures: list[str] = []
+    for fact in reversed(own):  # latest first
+        try:
+            published_bytes = base64.b64decode(fact.public_key, validate=True)
+            key = (Ed25519PublicKey.from_public_bytes(published_bytes)
+                   if len(published_bytes) == 32 else load_der_public_key(published_bytes))
+            if not isinstance(key, Ed25519PublicKey):
+                raise ValueError("the published key is not an Ed25519 key")
+            raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+            if sha256_hex(raw) != sig.key_id:
+                raise ValueError(f"the published key hashes to {sha256_hex(raw)}, not to its "
+                                 "key_id")
+            key.verify(base64.b64decode(sig.value, validate=True), resp.signing_bytes())
+        except InvalidSignature:
+            failures.append("the signature does not verify with the published key")
+            continue
+        except (ValueError, binascii.Error, UnsupportedAlgorithm) as exc:
+            failures.append(f"unusable key or signature: {exc}")
+            continue
+        out.update(valid=True, reason="verified with the key published on sys.facts",
                    facts_node=fact.node_id)
         return out
-    except (ValueError, binascii.Error) as exc:
-        out.update(valid=False, reason=f"unusable key or signature: {exc}", facts_node=fact.node_id)
-        return out
-    out.update(valid=True, reason="verified with the key published on sys.facts",
-               facts_node=fact.node_id)
+    out.update(valid=False, reason="; ".join(dict.fromkeys(failures)), facts_node=node)
     return out
 
 

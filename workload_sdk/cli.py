@@ -72,6 +72,13 @@ def _run(args: argparse.Namespace) -> int:
         except NoSpec as exc:
             print(f"cannot run: {exc}", file=sys.stderr, flush=True)
             return EXIT_MISMATCH
+        except ReplayError as exc:
+            print(f"cannot resume: replay disagrees with the log: {exc}", file=sys.stderr,
+                  flush=True)
+            return EXIT_MISMATCH
+        except LogGap as exc:
+            print(f"cannot resume: {exc}", file=sys.stderr, flush=True)
+            return EXIT_GAP
         return 0
 
     return asyncio.run(main())
@@ -138,7 +145,11 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
     if args.diff:
-        report = diff(workload, log)
+        try:
+            report = diff(workload, log)
+        except LogGap as exc:
+            print(f"diff stopped: {exc}", file=sys.stderr)
+            return EXIT_GAP
         if args.json:
             _print_json(report.as_dict())
         else:
