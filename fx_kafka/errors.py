@@ -10,6 +10,7 @@ __all__ = [
     "FetchError",
     "JavaNotFoundError",
     "NoBrokerError",
+    "TopicConfigError",
 ]
 
 
@@ -56,3 +57,8 @@ class NoBrokerError(BrokerError):
     def __init__(self, reasons: list[str]) -> None:
         self.reasons = list(reasons)
         super().__init__("no Kafka broker available:\n  - " + "\n  - ".join(self.reasons))
+
+
+class TopicConfigError(BrokerError):
+    """A topic exists with a configuration the design relies on being different (for example a
+    workload topic whose timestamps are the producer's clock instead of the broker's)."""

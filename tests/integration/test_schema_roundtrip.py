@@ -106,3 +106,19 @@ async def test_bad_records_on_the_wire_raise_the_typed_error(
         assert info.value.code == code
     assert bs.decode(msgs[-1].value) == good  # the consumer moved on to the next record
 
+
+
+async def test_workload_topic_with_producer_clock_is_refused(
+    kafka_bootstrap: str, unique_workload_id: str
+) -> None:
+    from fx_kafka.client import create_topics
+    from fx_kafka.errors import TopicConfigError
+    from fx_kafka.workload import topic_configs
+
+    # a topic made by someone else with producer-clock timestamps
+    await create_topics(kafka_bootstrap, [topics.inputs(unique_workload_id)],
+                        configs={"message.timestamp.type": "CreateTime"})
+    with pytest.raises(TopicConfigError, match="LogAppendTime"):
+        await ensure_workload_topics(kafka_bootstrap, unique_workload_id)
+    configs = await topic_configs(kafka_bootstrap, [topics.out(unique_workload_id)])
+    assert configs[topics.out(unique_workload_id)]["message.timestamp.type"] == "LogAppendTime"

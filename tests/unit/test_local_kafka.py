@@ -75,6 +75,8 @@ def test_template_renders_a_one_node_kraft_broker(tmp_path: Path) -> None:
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["auto.create.topics.enable"] == "true"
+    # even an auto-created topic stamps records with the broker's clock
+    assert props["log.message.timestamp.type"] == "LogAppendTime"
 
 
 def test_frame_cap_agrees_with_the_schema(tmp_path: Path) -> None:
