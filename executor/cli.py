@@ -82,20 +82,27 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from executor.errors import ModelError
     from executor.models import ModelStore
 
     store = ModelStore(_store_dir(args))
-    rows: list[dict[str, Any]] = [
-        {"hash": m.hash, "name": m.name, "engine": m.engine, "interface": m.interface,
-         "size": m.size, "source": m.source}
-        for m in store.list()
-    ]
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    for model_hash in store.hashes():
+        try:
+            m = store.manifest(model_hash)
+        except ModelError as exc:  # a damaged manifest: say so, list the rest
+            print(f"error: {exc.message}", file=sys.stderr)
+            bad += 1
+            continue
+        rows.append({"hash": m.hash, "name": m.name, "engine": m.engine,
+                     "interface": m.interface, "size": m.size, "source": m.source})
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         for r in rows:
             print(f"{r['hash']}  {r['name']:<24} {r['engine']}/{r['interface']}  {r['size']} B")
-    return 0
+    return 1 if bad else 0
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from broker_schema.canonical import HASH_PATTERN, content_hash, is_hash
 from executor.errors import ModelError
@@ -134,12 +134,23 @@ class ModelStore:
         return self._dir / model_hash.removeprefix("sha256:")
 
     def manifest(self, model_hash: str) -> ModelManifest:
-        """The manifest of ``model_hash``; ``model_unknown`` if there is none."""
+        """The manifest of ``model_hash``; ``model_unknown`` if there is none, or if the file
+        beside the model is not a valid manifest for that very hash (the manifest is not covered
+        by the model hash, so a damaged or misplaced one must be refused, not trusted)."""
         mpath = self.path(model_hash).with_suffix(".json")
         try:
-            return ModelManifest.model_validate_json(mpath.read_bytes())
+            manifest = ModelManifest.model_validate_json(mpath.read_bytes())
         except FileNotFoundError:
             raise ModelError("model_unknown", f"no model {model_hash} in {self.root}") from None
+        except (OSError, ValidationError) as exc:
+            raise ModelError(
+                "model_unknown", f"the manifest {mpath} is unreadable: {str(exc)[:500]}"
+            ) from None
+        if manifest.hash != model_hash:
+            raise ModelError(
+                "model_unknown", f"the manifest {mpath} describes {manifest.hash}, not {model_hash}"
+            )
+        return manifest
 
     def hashes(self) -> list[str]:
         """Every model hash present (a file with a manifest), sorted."""

@@ -431,7 +431,17 @@ class ExecutorService:
             engine.unload(model_hash)
             self.metrics.model_load_failures.labels(exc.code).inc()
             raise
-        engine.load(manifest, data)
+        try:
+            engine.load(manifest, data)
+        except Exception as exc:
+            # An engine that cannot load a (hash-checked) file answers those requests with an
+            # error; it must never take the worker, and with it the service, down.
+            err = exc if isinstance(exc, OutcomeError) else EngineError(
+                "engine_error", f"{manifest.engine} cannot load {model_hash}: "
+                f"{type(exc).__name__}: {exc}")
+            self.metrics.model_load_failures.labels(err.code).inc()
+            log.error("loading %s failed: %s", model_hash, err)
+            raise err from exc
         return engine, manifest
 
     async def _model_status(self, model_hash: str | None) -> ModelStatus:
@@ -611,7 +621,13 @@ class ExecutorService:
         read_mono = time.monotonic()
         if isinstance(decision, Ignore):
             self.metrics.ignored.labels("in_flight").inc()
-            tracker.done(key, msg.offset)
+            job = self.state.in_flight.get(record.effect_id)
+            if job is None or (job.topic, job.partition, job.request_offset) != (
+                    msg.topic, msg.partition, msg.offset):
+                tracker.done(key, msg.offset)
+            # else: the very record still in flight here, read again after a rebalance gave
+            # the partition back; its response, once acknowledged, settles this offset. Settling
+            # it now would commit past a request whose answer is not written yet.
         elif isinstance(decision, Refuse):
             self._spawn(self._write_refusal(decision.response, kind, key, msg.offset, read_mono))
         elif isinstance(decision, Admit):
@@ -714,6 +730,16 @@ class ExecutorService:
 
     # ------------------------------------------------------------------------------ inputs
     async def _resolve(self, body: Body | None, *, depth: int = 0) -> bytes:
+        """The input's bytes; a reference that cannot be read is ``input_missing`` (an I/O or
+        broker error here is that request's outcome, never the worker's, and the service's, end)."""
+        try:
+            return await self._resolve_body(body, depth=depth)
+        except (OSError, KafkaError) as exc:
+            raise OutcomeError(
+                "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _resolve_body(self, body: Body | None, *, depth: int) -> bytes:
         if body is None:
             return b""
         if isinstance(body, InlineBody):
@@ -734,7 +760,7 @@ class ExecutorService:
             except DecodeError:
                 return value
             if isinstance(record, InputRecord):
-                return await self._resolve(record.body, depth=depth + 1)
+                return await self._resolve_body(record.body, depth=depth + 1)
             return value
         raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
 

@@ -192,18 +192,25 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
 
     def resolve(model_hash: str) -> Resolved:
         defaults = default_params()
+        tried: list[str] = []
+        # the modelHash comes from the receipt: never let it name a path outside the store
+        if len(model_hash) != 64 or any(c not in "0123456789abcdef" for c in model_hash):
+            return Resolved(None, None, defaults, [f"{model_hash!r} is not a modelHash"])
         if store is not None:
             mpath = store / "sha256" / (model_hash + ".json")
             if mpath.is_file():
-                manifest = ModelManifest.model_validate_json(mpath.read_bytes())
-                defaults = {k: d.default for k, d in manifest.params.items()}
+                try:
+                    manifest = ModelManifest.model_validate_json(mpath.read_bytes())
+                    defaults = {k: d.default for k, d in manifest.params.items()}
+                except (OSError, ValueError) as exc:  # pydantic's ValidationError is one
+                    tried.append(f"{mpath}: unreadable manifest, documented defaults used "
+                                 f"({type(exc).__name__})")
         candidates: list[Path] = []
         if artifact is not None:
             candidates.append(artifact)
         if store is not None:
             candidates.append(store / "sha256" / model_hash)
         candidates.append(_paths.default_artifact_path())
-        tried: list[str] = []
         for path in candidates:
             if not path.is_file():
                 tried.append(f"{path}: absent")
@@ -285,11 +292,28 @@ def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[st
     if out.get("output_tokens") != toks:
         check.reasons.append("the response's output_tokens differ from the receipt's")
         return
+    if not isinstance(toks, list):
+        return  # a malformed receipt: its own checks say why
+    params = receipt.get("params")
+    stop = params.get("stop_token") if isinstance(params, dict) else None
+    finish = "stop" if toks and toks[-1] == stop else "length"
+    if out.get("finish_reason") != finish:
+        check.reasons.append(f"the response's finish_reason {out.get('finish_reason')!r} is not "
+                             f"{finish!r}, as the receipt's output_tokens and stop_token say")
+        return
+    prompt = receipt.get("prompt_tokens")
+    if isinstance(prompt, list) and out.get("prompt_token_count") != len(prompt):
+        check.reasons.append("the response's prompt_token_count is not the length of the "
+                             "receipt's prompt_tokens")
+        return
     eng = found.engine
-    if eng is not None and isinstance(toks, list):
-        stop = (receipt.get("params") or {}).get("stop_token")
-        text_toks = toks[:-1] if toks and toks[-1] == stop else toks
-        if eng.tokenizer.decode([int(t) for t in text_toks]) != out.get("text"):
+    if eng is not None:
+        text_toks = toks[:-1] if finish == "stop" else toks
+        try:
+            text = eng.tokenizer.decode([int(t) for t in text_toks])
+        except (TypeError, ValueError, IndexError, KeyError):
+            text = None
+        if text != out.get("text"):
             check.reasons.append("the response's text is not the decoding of the receipt's "
                                  "output_tokens")
             return

@@ -287,8 +287,11 @@ class IntegerEngineAdapter:
         try:
             eng = int_engine.IntegerEngine.from_bytes(
                 model_bytes, expected_model_hash=want, backend=self.backend, signer=self.signer)
-        except ArtifactError as exc:
-            raise EngineError("engine_error", f"cannot load {manifest.hash}: {exc}") from exc
+        except (ArtifactError, KeyError, ArithmeticError) as exc:
+            # ArtifactError: not a valid artifact; KeyError: a tensor the engine needs is not in
+            # it; FixedPointOverflow (ArithmeticError): scales outside the proven-exact bound.
+            raise EngineError("engine_error", f"cannot load {manifest.hash}: "
+                              f"{type(exc).__name__}: {exc}") from exc
         if "sha256:" + eng.model_hash != manifest.hash:  # from_bytes checked it; belt and braces
             raise EngineError("engine_error", f"modelHash {eng.model_hash} != {manifest.hash}")
         with self._lock:

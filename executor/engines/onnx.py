@@ -157,7 +157,9 @@ def decode_audio(
     else:
         raise EngineError("params_invalid", f"encoding must be auto, wav or pcm_s16le: {enc!r}")
     samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
-    if rate not in (8000, 16000) and rate % 16000 == 0:
+    # rate > 0 first: 0 would be a zero slice step (a ValueError failing the whole batch) and
+    # -16000 a step of -1 (the audio silently reversed and answered as 16 kHz)
+    if rate > 0 and rate not in (8000, 16000) and rate % 16000 == 0:
         samples, rate = samples[:: rate // 16000], 16000  # the decimation silero-vad's own does
     if rate not in (8000, 16000):
         raise EngineError(

@@ -153,24 +153,38 @@ def parse(data: bytes, *, path: Path | None = None) -> Artifact:
         header = json.loads(data[_PREFIX.size:header_end].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ArtifactError(f"corrupt artifact header: {e}") from e
-    if header.get("format_version") != FORMAT_VERSION:
+    if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION:
         raise ArtifactError("header format_version does not match the file prefix")
     base = header_end + _pad(header_end)
     tensors: dict[str, npt.NDArray[Any]] = {}
-    for t in header["tensors"]:
-        dt = _DTYPES[t["dtype"]]
-        count = math.prod(t["shape"])
-        start = base + t["offset"]
-        if count * dt.itemsize != t["nbytes"] or start + t["nbytes"] > len(data):
-            raise ArtifactError(f"tensor {t['name']} out of bounds")
-        arr = np.frombuffer(data, dtype=dt, count=count, offset=start).reshape(t["shape"])
-        tensors[t["name"]] = arr
+    # A header of the right version but the wrong shape (a missing key, a string where a number
+    # belongs, a negative offset) is a bad artifact too: never a KeyError or TypeError.
+    try:
+        for t in header["tensors"]:
+            dt = _DTYPES[t["dtype"]]
+            shape = [int(n) for n in t["shape"]]
+            count = math.prod(shape)
+            start = base + int(t["offset"])
+            if (min(shape, default=0) < 0 or start < base or count * dt.itemsize != t["nbytes"]
+                    or start + t["nbytes"] > len(data)):
+                raise ArtifactError(f"tensor {t['name']} out of bounds")
+            arr = np.frombuffer(data, dtype=dt, count=count, offset=start).reshape(shape)
+            tensors[str(t["name"])] = arr
+        config = Config.from_json(header["config"])
+        for f in dataclasses.fields(Config):
+            if not isinstance(getattr(config, f.name), int | str):
+                raise ArtifactError(f"config.{f.name} is not an integer or string")
+        tokenizer, source = header["tokenizer"], header["source"]
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ArtifactError):
+            raise
+        raise ArtifactError(f"corrupt artifact header: {type(e).__name__}: {e}") from e
     return Artifact(
         path=path,
         model_hash=hashlib.sha256(data).hexdigest(),
-        config=Config.from_json(header["config"]),
-        tokenizer=header["tokenizer"],
-        source=header["source"],
+        config=config,
+        tokenizer=tokenizer,
+        source=source,
         tensors=tensors,
     )
 

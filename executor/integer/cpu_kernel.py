@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,6 +30,11 @@ SOURCES: Final = (
 CXX_FLAGS: Final = ("-std=c++20", "-O2", "-shared", "-fPIC", "-pthread")
 
 _lib: ctypes.CDLL | None = None
+#: The shim keeps blockDim, gridDim, the block barrier and every ``__shared__`` array in
+#: process-wide static storage (cpu_shim/cuda_cpu.h: "one launch at a time per process"), and
+#: ctypes releases the GIL during a call: two engines (or an engine and a verifier) launching
+#: from two threads would corrupt each other's blocks. Every launch holds this lock.
+_LAUNCH_LOCK = threading.Lock()
 
 
 def compiler() -> str | None:
@@ -78,6 +84,10 @@ class CpuKernelOps(KernelOps):
     """Kernel ops on the CPU build; ``threads`` = CUDA threads per block (std::threads)."""
 
     def __init__(self, art: Artifact, *, threads: int = 1) -> None:
+        # 0 threads would run no block at all (outputs left zero); over 256 would overflow the
+        # kernels' shared reduction buffer (NL_RED in common.cuh).
+        if not 1 <= threads <= 256:
+            raise ValueError(f"threads per block must be in 1..256, not {threads}")
         self.lib = library()
         super().__init__(art, threads=threads)
 
@@ -91,4 +101,5 @@ class CpuKernelOps(KernelOps):
                 cargs.append(arr.ctypes.data)
             else:
                 cargs.append(int(a))
-        fn(*grid, self.threads, *cargs)
+        with _LAUNCH_LOCK:
+            fn(*grid, self.threads, *cargs)

@@ -30,6 +30,8 @@ def available() -> bool:
 
 class CupyOps(KernelOps):
     def __init__(self, art: Artifact, *, threads: int = 0) -> None:
+        if not 0 <= threads <= 256:  # 0: BLOCK per kernel; > 256 overflows NL_RED
+            raise ValueError(f"threads per block must be in 0..256, not {threads}")
         import cupy
 
         self.cp = cupy

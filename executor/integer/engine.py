@@ -202,13 +202,19 @@ class IntegerEngine:
 def reexecute_receipt(eng: IntegerEngine, receipt: dict[str, Any]) -> tuple[list[int], str]:
     """Re-run a receipt's request on ``eng`` -> (output tokens, logits digest)."""
     prm = receipt["params"]
-    sp = SamplingParams(temperature_q16=int(prm["temperature_q16"]), top_k=int(prm["top_k"]),
-                        top_p_q16=int(prm["top_p_q16"]), seed=int(prm["seed"]))
-    stop = prm["stop_token"]
-    toks = [int(t) for t in receipt["prompt_tokens"]]
+    try:
+        sp = SamplingParams(temperature_q16=int(prm["temperature_q16"]), top_k=int(prm["top_k"]),
+                            top_p_q16=int(prm["top_p_q16"]), seed=int(prm["seed"]))
+        stop = prm["stop_token"]
+        toks = [int(t) for t in receipt["prompt_tokens"]]
+        max_tokens = int(prm["max_tokens"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ParamError(f"receipt params invalid: {e}") from e
     if not toks or any(t < 0 or t >= eng.config.vocab_size for t in toks):
         raise ParamError("receipt prompt_tokens invalid")
-    req = GenRequest(prompt_tokens=tuple(toks), max_tokens=int(prm["max_tokens"]), sampling=sp,
+    if max_tokens < 1 or len(toks) + max_tokens > eng.config.ctx_len:
+        raise ParamError(f"receipt max_tokens {max_tokens} is outside 1..context - prompt")
+    req = GenRequest(prompt_tokens=tuple(toks), max_tokens=max_tokens, sampling=sp,
                      stop_token=None if stop is None else int(stop))
     with eng._lock:
         res = generate_batch(eng.ops, [req])[0]

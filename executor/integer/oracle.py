@@ -42,9 +42,10 @@ from .artifact import Artifact, Config, unpack_nibbles
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-# Largest |x| allowed into the float64 BLAS block dot products: 32 * 128 * 2**41 = 2**53.
+# Largest |x| allowed into a matmul: keeps the accumulation-bound check itself in int64
+# (A[b] <= 32 * 2**41 = 2**46). The float32 split then asks far less (see split_pieces).
 _BLAS_X_LIMIT = 1 << 41
-# Element budget for the (nb, O, T) float64 temporary of one matmul chunk.
+# Element budget for the (nb, O, n_pieces * T) float32 temporary of one matmul chunk.
 _CHUNK_ELEMS = 1 << 22
 # sum_b ((W>>10)+1) * ((A>>20)+1) <= 2**32 implies sum_b W * A <= 2**62.
 _ACC_CHECK_LIMIT = 1 << 32
@@ -69,7 +70,7 @@ RESID_LIMIT = 1 << 40
 
 @dataclasses.dataclass(frozen=True)
 class QMatrix:
-    """A quantized matrix prepared for the oracle: block-major float64 codes plus Q.24 scales."""
+    """A quantized matrix prepared for the oracle: block-major float32 codes plus Q.24 scales."""
 
     codes: npt.NDArray[np.float32]  # [nb, O, 32] codes as float32 (exact small integers)
     scale: I64  # [nb, O] D in Q.24

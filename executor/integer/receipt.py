@@ -133,14 +133,62 @@ class VerifyResult:
         return self.ok
 
 
+_PARAM_FIELDS: Final = ("max_tokens", "seed", "stop_token", "temperature_q16", "top_k",
+                        "top_p_q16")
+MALFORMED: Final = "malformed receipt: "
+
+
+def _is_hex(v: Any, n: int) -> bool:
+    return isinstance(v, str) and len(v) == n and all(c in "0123456789abcdef" for c in v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _malformed(receipt: dict[str, Any]) -> list[str]:
+    """What is structurally wrong with a receipt that has every field (wrong JSON types, bad hex):
+    such a receipt fails with a reason instead of crashing the checks that follow."""
+    bad: list[str] = []
+    for f in ("model_hash", "prev_receipt_hash", "input_hash", "output_hash", "logits_digest",
+              "public_key"):
+        if not _is_hex(receipt[f], 64):
+            bad.append(f"{f} is not 64 lowercase hex digits")
+    if not _is_hex(receipt["signature"], 128):
+        bad.append("signature is not 128 lowercase hex digits")
+    if not _is_int(receipt["seq"]) or receipt["seq"] < 0:
+        bad.append("seq is not a non-negative integer")
+    for f in ("kind", "node_id"):
+        if not isinstance(receipt[f], str):
+            bad.append(f"{f} is not a string")
+    if not isinstance(receipt["engine"], dict):
+        bad.append("engine is not an object")
+    for f in ("prompt_tokens", "output_tokens"):
+        v = receipt[f]
+        if not isinstance(v, list) or not all(_is_int(t) for t in v):
+            bad.append(f"{f} is not a list of integers")
+    prm = receipt["params"]
+    if not isinstance(prm, dict) or sorted(prm) != sorted(_PARAM_FIELDS):
+        bad.append(f"params must have exactly the fields {', '.join(_PARAM_FIELDS)}")
+    elif not all(_is_int(prm[k]) for k in _PARAM_FIELDS if k != "stop_token") or not (
+            prm["stop_token"] is None or _is_int(prm["stop_token"])):
+        bad.append("params values must be integers (stop_token: an integer or null)")
+    return [MALFORMED + b for b in bad]
+
+
 def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
                  trusted_keys: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
     """Signature, hashes, chain link; no re-execution. Returns (reasons, passed checks)."""
     reasons: list[str] = []
     passed: list[str] = []
+    if not isinstance(receipt, dict):
+        return [MALFORMED + f"a receipt is a JSON object, not {type(receipt).__name__}"], passed
     missing = [f for f in _FIELDS if f not in receipt]
     if missing:
         return [f"receipt lacks fields: {', '.join(missing)}"], passed
+    malformed = _malformed(receipt)
+    if malformed:
+        return malformed, passed
     extra = sorted(set(receipt) - set(_FIELDS))
     if extra:
         reasons.append(f"receipt has unknown fields: {', '.join(extra)}")
@@ -168,7 +216,7 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
         if receipt["prev_receipt_hash"] != link:
             reasons.append(f"chain broken: prev_receipt_hash {receipt['prev_receipt_hash']} "
                            f"!= hash of previous receipt {link}")
-        elif receipt["seq"] != prev.get("seq", -2) + 1:
+        elif not _is_int(prev.get("seq")) or receipt["seq"] != prev["seq"] + 1:
             reasons.append(f"chain broken: seq {receipt['seq']} does not follow {prev.get('seq')}")
         elif receipt["public_key"] != prev.get("public_key"):
             reasons.append("chain broken: the previous receipt was signed by another key")
@@ -185,7 +233,7 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
     """Check signature, hashes and chain link, then re-execute the numpy oracle from the
     committed artifact (pinned by ``model_hash``) and compare every output byte."""
     reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
-    if reasons and any(r.startswith("receipt lacks") for r in reasons):
+    if any(r.startswith(("receipt lacks", MALFORMED)) for r in reasons):
         return VerifyResult(ok=False, reasons=reasons, checks=passed)
     if reexecute:
         from . import _paths
@@ -227,12 +275,15 @@ def load_receipts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not text:
         return []
     if text[0] == "[":
-        data = json.loads(text)
-        return [dict(r) for r in data]
-    try:
-        return [json.loads(text)]
-    except json.JSONDecodeError:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        items = json.loads(text)
+    else:
+        try:
+            items = [json.loads(text)]
+        except json.JSONDecodeError:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not isinstance(items, list) or not all(isinstance(r, dict) for r in items):
+        raise ValueError(f"{path}: every receipt must be a JSON object")
+    return [dict(r) for r in items]
 
 
 def verify_chain(receipts: Sequence[dict[str, Any]], **kw: Any) -> list[VerifyResult]:

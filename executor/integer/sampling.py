@@ -19,6 +19,9 @@ from . import _fixed as fx
 
 _M64: Final = (1 << 64) - 1
 MAX_TOP_K: Final = 49152
+#: Largest temperature in Q.16 (32768.0): keeps every intermediate of :func:`choose` in int64
+#: (a larger one would not fit the divisor array; the draw is already uniform long before).
+MAX_TEMPERATURE_Q16: Final = (1 << 31) - 1
 
 
 def splitmix64(x: int) -> int:
@@ -55,20 +58,28 @@ class SamplingParams:
     top_p_q16: int = 65536  # 1.0 = off
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # Checked on construction, so parameters taken from a receipt (re-execution) are held to
+        # the same ranges as a request's.
+        for name in ("temperature_q16", "top_k", "top_p_q16", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{name} must be an integer")
+        if not 0 <= self.temperature_q16 <= MAX_TEMPERATURE_Q16:
+            raise ValueError("temperature must be in [0, 32768)")
+        if not 0 < self.top_p_q16 <= 65536:
+            raise ValueError("top_p must be in (0, 1]")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError("top_k must be in [0, 49152]")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
+
     @classmethod
     def parse(cls, params: dict[str, Any]) -> SamplingParams:
         t = to_q16(params.get("temperature", 0), "temperature")
         p = to_q16(params.get("top_p", 1), "top_p")
         k = int(params.get("top_k", 0))
         seed = int(params.get("seed", 0))
-        if t < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < p <= 65536:
-            raise ValueError("top_p must be in (0, 1]")
-        if not 0 <= k <= MAX_TOP_K:
-            raise ValueError("top_k must be in [0, 49152]")
-        if not 0 <= seed < 2**64:
-            raise ValueError("seed must be in [0, 2**64)")
         return cls(temperature_q16=t, top_k=k, top_p_q16=p, seed=seed)
 
     def canonical(self) -> dict[str, int]:

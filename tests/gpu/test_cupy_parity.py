@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from executor.integer import _paths, artifact
@@ -39,5 +38,6 @@ def test_full_model_generation_parity(cupy_ops_factory) -> None:  # type: ignore
                        sampling=SamplingParams(), stop_token=2),
             GenRequest(prompt_tokens=(1, 22, 33, 44), max_tokens=8,
                        sampling=SamplingParams(temperature_q16=45875, seed=5), stop_token=None)]
-    assert generate_batch(gpu, reqs) == generate_batch(ora, reqs)
-    assert np.array_equal(np.array([1]), np.array([1]))
+    got, want = generate_batch(gpu, reqs), generate_batch(ora, reqs)
+    assert got == want
+    assert all(r.output_tokens for r in want)  # a real generation, not two empty lists

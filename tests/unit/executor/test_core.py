@@ -9,7 +9,6 @@ from broker_schema.records import (
     BindingSwitch,
     ExecutorInfo,
     InlineBody,
-    OutputRecord,
 )
 from executor.core import (
     Admit,
@@ -180,12 +179,6 @@ def test_abandon_empties_the_table() -> None:
     run(st, request(WL, M1, epoch=2, index=1))
     jobs = st.abandon()
     assert len(jobs) == 2 and not st.in_flight
-
-
-def test_plain_outputs_are_not_requests() -> None:
-    # decide() only takes requests; the service ignores every other kind before calling it.
-    out = OutputRecord(header=request(WL, M1).header, body=InlineBody.of_text("x"))
-    assert out.kind == "output"
 
 
 def test_offset_tracker_commits_only_settled_prefix() -> None:

