@@ -111,6 +111,12 @@ class ExecutorMetrics:
             ["code"],
             registry=r,
         )
+        self.sync_failures = Counter(
+            "fx_executor_sync_failures",
+            "Failed catch-ups on a workload's .claims/.spec (retried; no request is decided "
+            "on stale fencing state meanwhile)",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -684,12 +684,26 @@ class ExecutorService:
         )
 
     # ------------------------------------------------------------------------------ claims, spec
-    async def _sync_workload(self, workload_id: str) -> None:
-        """Read ``.claims`` and ``.spec`` of ``workload_id`` up to their end offsets now."""
-        try:
-            await asyncio.wait_for(self._sync_workload_inner(workload_id), 15.0)
-        except (TimeoutError, KafkaError) as exc:
-            log.error("could not catch up on claims/spec of %s: %r", workload_id, exc)
+    async def _sync_workload(self, workload_id: str, *, attempt_s: float = 15.0,
+                             max_backoff_s: float = 10.0) -> None:
+        """Read ``.claims`` and ``.spec`` of ``workload_id`` up to their end offsets now.
+
+        Fencing decisions rest on this state, so a failed catch-up is retried (with backoff)
+        until it succeeds or the service stops: deciding on a stale spec or epoch would be a
+        guessed outcome. While it retries, this partition's request stays unsettled (never
+        committed), so a restart reads it again.
+        """
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.wait_for(self._sync_workload_inner(workload_id), attempt_s)
+                return
+            except (TimeoutError, KafkaError) as exc:
+                self.metrics.sync_failures.inc()
+                log.error("could not catch up on claims/spec of %s: %r; retrying in %.1f s "
+                          "(no request of it is decided meanwhile)", workload_id, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
 
     async def _sync_workload_inner(self, workload_id: str) -> None:
         side = self._side

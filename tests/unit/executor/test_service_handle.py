@@ -189,3 +189,24 @@ async def test_unreadable_chunk_is_input_missing_not_a_worker_crash(tmp_path: Pa
     with pytest.raises(OutcomeError) as exc:
         await svc._resolve(ref)
     assert exc.value.code == "input_missing"
+
+
+async def test_failed_claims_catch_up_is_retried_never_decided_on_stale_state(
+        tmp_path: Path) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    svc, _ = await _service(tmp_path)
+    del svc._sync_workload  # the real retrying method again, over a failing inner read
+    attempts: list[int] = []
+
+    async def flaky(workload_id: str) -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise KafkaConnectionError("broker away")
+        svc.state.observe_claim(claim(WL, 4))
+
+    svc._sync_workload_inner = flaky  # type: ignore[method-assign]
+    await svc._sync_workload(WL, attempt_s=1.0, max_backoff_s=0.01)
+    assert len(attempts) == 3
+    assert svc.state.workload(WL).highest_epoch == 4
+    assert 'fx_executor_sync_failures_total 2.0' in svc.metrics_text().decode()
