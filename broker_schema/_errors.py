@@ -37,6 +37,8 @@ class RecordError(Exception):
 class DecodeError(RecordError):
     """Raised by :func:`broker_schema.decode` for any bytes that are not a valid record."""
 
+    code: DecodeCode
+
     def __init__(self, code: DecodeCode, detail: str) -> None:
         super().__init__(code, detail)
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from broker_schema._errors import DecodeCode
 from broker_schema.canonical import HASH_PATTERN, canonical_json
 from broker_schema.limits import INLINE_MAX_BYTES, MAX_WORKLOAD_ID_LEN
 
@@ -465,6 +466,11 @@ class FactsRecord(_Model):
     updated_us: Micros
 
 
+#: Why a record was rejected: a decode error code, or ``wrong_workload`` (a request whose header
+#: names another workload than the topic it is on).
+RejectCode = DecodeCode | Literal["wrong_workload"]
+
+
 class RejectedRecord(_Model):
     """A record that could not be decoded, with where it was found and why (``sys.rejects``)."""
 
@@ -473,7 +479,7 @@ class RejectedRecord(_Model):
     topic: str
     partition: Annotated[int, Field(ge=0)]
     offset: Offset
-    code: str
+    code: RejectCode
     detail: Annotated[str, Field(max_length=4096)]
     size: Annotated[int, Field(ge=0)]
     value_hash: Hash

@@ -55,6 +55,7 @@ from broker_schema.records import (
     ExecutorInfo,
     InlineBody,
     InputRecord,
+    RejectCode,
     RejectedRecord,
     ResponseRecord,
     SpecRecord,
@@ -661,7 +662,7 @@ class ExecutorService:
         log.info("%s %s %s", response.effect_id, response.outcome, code)
         self._trackers[kind].done(key, offset)
 
-    async def _reject(self, msg: Any, code: str, detail: str) -> None:
+    async def _reject(self, msg: Any, code: RejectCode, detail: str) -> None:
         self.metrics.rejected.labels(code).inc()
         value = msg.value or b""
         log.warning(

@@ -123,6 +123,7 @@ records: st.SearchStrategy[Any] = st.one_of(
               accelerators=st.lists(st.text(max_size=5), max_size=2).map(tuple),
               public_key=st.just("MCowBQYDK2VwAyEA"), key_id=hashes, updated_us=offsets),
     st.builds(bs.RejectedRecord, topic=st.just("wl.x.out"), partition=st.just(0), offset=offsets,
-              code=st.sampled_from(bs.DECODE_CODES), detail=st.text(max_size=30),
+              code=st.sampled_from([*bs.DECODE_CODES, "wrong_workload"]),
+              detail=st.text(max_size=30),
               size=small, value_hash=hashes, seen_by=node_ids),
 )
