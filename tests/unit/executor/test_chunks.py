@@ -47,7 +47,7 @@ async def test_damaged_file_of_the_right_size_is_repaired_by_put(tmp_path: Path)
     store = FsChunkStore(tmp_path)
     data = os.urandom(5000)
     ref = await store.put(data)
-    store.path(ref.hash).write_bytes(b"\x00" + data[1:])
+    store.path(ref.hash).write_bytes(bytes([data[0] ^ 0x01]) + data[1:])
     with pytest.raises(OutcomeError):
         await store.get(ref)
     assert await store.put(data) == ref
