@@ -47,6 +47,12 @@ class CupyOps(KernelOps):
     def check(self, what: str, maxabs: Any, limit: int) -> None:
         self._flags.append((what, maxabs, limit))
 
+    def embed(self, tokens: Any) -> Any:
+        # the first op of every forward: drop the flags of a forward that ended in an exception
+        # before its finish(), so that they are never reported against a later forward
+        self._flags.clear()
+        return super().embed(tokens)
+
     def finish(self) -> None:
         if not self._flags:
             return
@@ -57,6 +63,8 @@ class CupyOps(KernelOps):
             oracle.check_bound(what, int(v), limit)
 
     def launch(self, name: str, grid: tuple[int, ...], args: tuple[Any, ...]) -> None:
+        # CuPy passes a Python int as an 8-byte value: every scalar is a numpy scalar of the
+        # kernel parameter's exact width (int -> int32, i64 -> int64), or later ones shift.
         conv: list[Any] = []
         for kind, a in zip(SIGNATURES[name], args, strict=True):
             if kind == "p":
