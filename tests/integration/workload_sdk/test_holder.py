@@ -193,6 +193,11 @@ async def test_fenced_holder_transaction_fails_in_process(
                 print(f"stop: {exc!r}")
 
 
+def _pass_over_reasons(log: WorkloadLog) -> list[str | None]:
+    return [e.reason for e in (decode(r.value) for r in log["merge"])
+            if isinstance(e, MergeEntry) and e.action == "pass_over"]
+
+
 async def test_a_second_answer_is_passed_over_and_diff_of_the_same_code_is_clean(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
 ) -> None:
@@ -211,7 +216,11 @@ async def test_a_second_answer_is_passed_over_and_diff_of_the_same_code_is_clean
         assert isinstance(req, EffectRequest) and req.model == MODEL
         await h.answer(offset, req, output={"label": "pdf"})
         await h.answer(offset, req, output={"label": "exe"})  # a second answer: passed over
-        await h.wait_for(lambda log: len(_decisions(log)) == 1, what="a decision")
+        # the decision can land before the second answer is merged: wait for both, or the
+        # holder may be stopped with the duplicate still unread
+        await h.wait_for(lambda log: len(_decisions(log)) == 1
+                         and _pass_over_reasons(log).count("duplicate") == 1,
+                         what="a decision and the duplicate passed over")
         assert h.stop(holder) == 0
     proc = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "workload_sdk", "replay", unique_workload_id,
@@ -221,6 +230,5 @@ async def test_a_second_answer_is_passed_over_and_diff_of_the_same_code_is_clean
     assert json.loads(proc.stdout)["kind"] == "same"
     log = await h.read_log()
     assert _decisions(log)[0]["label"] == "pdf"
-    reasons = [e.reason for e in (decode(r.value) for r in log["merge"])
-               if isinstance(e, MergeEntry) and e.action == "pass_over"]
+    reasons = _pass_over_reasons(log)
     assert reasons.count("duplicate") == 1 and reasons.count("not_an_answer") == 2
