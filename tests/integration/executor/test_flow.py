@@ -39,7 +39,7 @@ async def test_magika_and_silero_answer_signed(
         cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
                               http_port=0)
         async with running(cfg) as svc:
-            speech, how = speech_wav()
+            speech = speech_wav()
             # over the inline limit: by chunk reference, through the executor's chunk store
             speech_ref = await FsChunkStore(cfg.chunk_dir).put(speech, media_type="audio/wav")
             reqs = [
@@ -81,7 +81,7 @@ async def test_magika_and_silero_answer_signed(
     data = [o.data for o in outputs if isinstance(o, InlineBody)]
     assert data[0]["label"] == "python"  # type: ignore[index,call-overload]
     assert data[1]["label"] == "wav"  # type: ignore[index,call-overload]
-    assert data[2]["mean_probability"] > 0.5, how  # type: ignore[index,call-overload,operator]
+    assert data[2]["mean_probability"] > 0.5, data[2]  # type: ignore[index,call-overload,operator]
     assert data[3]["mean_probability"] < 0.1  # type: ignore[index,call-overload,operator]
 
     # a changed byte in the signed record fails verification

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import shutil
-import subprocess
-import tempfile
 import wave
 from pathlib import Path
 
@@ -23,6 +20,8 @@ from broker_schema.records import (
 
 ZERO_HASH = "sha256:" + "0" * 64
 MODULE_HASH = "sha256:" + "1" * 64
+# "The quick brown fox jumps over the lazy dog, twice.", read by espeak-ng (see speech_wav)
+SPEECH_WAV = Path(__file__).resolve().parents[2] / "data" / "speech_16k.wav"
 
 
 def spec(workload_id: str, models: dict[str, str], *, kinds: tuple[str, ...] = (INFERENCE_KIND,),
@@ -76,43 +75,8 @@ def silence_wav(seconds: float = 2.0, rate: int = 16000) -> bytes:
     return wav_bytes(np.zeros(int(seconds * rate)), rate)
 
 
-def synthetic_voice(seconds: float = 2.0, rate: int = 16000) -> np.ndarray:
-    """A speech-like signal without a synthesiser: a 120 Hz glottal pulse train through three
-    formant resonators, with syllable-rate (4 Hz) amplitude modulation."""
-    n = int(seconds * rate)
-    t = np.arange(n) / rate
-    f0 = 120 + 20 * np.sin(2 * np.pi * 0.7 * t)
-    phase = np.cumsum(f0 / rate)
-    pulses = (np.diff(np.floor(phase), prepend=0) > 0).astype(np.float64)
-    out = np.zeros(n)
-    for freq, bw, gain in ((700, 110, 1.0), (1200, 120, 0.6), (2600, 160, 0.3)):
-        r = np.exp(-np.pi * bw / rate)
-        a1, a2 = -2 * r * np.cos(2 * np.pi * freq / rate), r * r
-        y = np.zeros(n)
-        for i in range(n):
-            y[i] = pulses[i] - a1 * (y[i - 1] if i else 0) - a2 * (y[i - 2] if i > 1 else 0)
-        out += gain * y
-    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))
-    out = out * envelope
-    scaled: np.ndarray = 0.5 * out / np.max(np.abs(out))
-    return scaled
-
-
-def speech_wav(
-    text: str = "The quick brown fox jumps over the lazy dog, twice.",
-) -> tuple[bytes, str]:
-    """16 kHz mono speech as WAV, and how it was made: espeak-ng when installed (resampled from its
-    22,050 Hz by linear interpolation), else :func:`synthetic_voice`."""
-    exe = shutil.which("espeak-ng")
-    if exe is None:
-        return wav_bytes(synthetic_voice()), "synthetic"
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "speech.wav"
-        subprocess.run([exe, "-w", str(path), text], check=True, capture_output=True, timeout=60)
-        with wave.open(str(path), "rb") as w:
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64)
-    pcm /= 32768.0
-    n_out = int(len(pcm) * 16000 / rate)
-    resampled = np.interp(np.arange(n_out) * rate / 16000, np.arange(len(pcm)), pcm)
-    return wav_bytes(resampled), "espeak-ng"
+def speech_wav() -> bytes:
+    """A few seconds of real synthesised speech, 16 kHz mono 16-bit PCM WAV with the canonical
+    44-byte header: the committed :data:`SPEECH_WAV`, made once by
+    ``tests/data/make_speech_sample.sh`` (espeak-ng, then sox). No program runs at test time."""
+    return SPEECH_WAV.read_bytes()

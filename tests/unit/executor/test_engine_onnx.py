@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import wave
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -84,20 +86,34 @@ def test_magika_bad_params(onnx_engine: OnnxEngine, magika: ModelManifest) -> No
         assert isinstance(r, EngineError) and r.code == "params_invalid"
 
 
+def test_speech_sample_is_16k_mono_pcm() -> None:
+    """The committed sample (tests/data/make_speech_sample.sh) is what the VAD tests assume."""
+    data = speech_wav()
+    assert len(data) < 200_000
+    with wave.open(io.BytesIO(data), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 16000)
+        assert w.getcomptype() == "NONE"
+        assert 2.0 <= w.getnframes() / 16000 <= 8.0
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    assert data[:44] == wav_bytes(pcm.astype(np.float64) / 32767.0)[:44]  # canonical header
+    assert int(np.abs(pcm).max()) > 8000  # not silence, not a near-silent recording
+
+
 def test_silero_speech_vs_silence(onnx_engine: OnnxEngine, silero: ModelManifest) -> None:
-    speech, how = speech_wav()
+    speech = speech_wav()
     results = onnx_engine.run_batch(silero.hash, [({}, speech), ({}, silence_wav())])
     s, q = out(results[0]), out(results[1])
     assert s["sample_rate"] == 16000 and s["chunk_samples"] == 512
+    assert len(s["probabilities"]) == -(-(len(speech) - 44) // 2 // 512)
     assert len(q["probabilities"]) == 2 * 16000 // 512 + 1  # last chunk zero-padded
-    assert s["mean_probability"] > 0.5, how
+    assert s["mean_probability"] > 0.5, s["mean_probability"]
     assert q["mean_probability"] < 0.1
     assert s["speech_chunks"] > 10 and q["speech_chunks"] == 0
 
 
 def test_silero_raw_pcm_equals_wav(onnx_engine: OnnxEngine, silero: ModelManifest) -> None:
-    speech, _ = speech_wav("one two three")
-    pcm = speech[44:]  # the canonical 44-byte header written by the wave module
+    speech = speech_wav()
+    pcm = speech[44:]  # the canonical 44-byte header (test_speech_sample_is_16k_mono_pcm)
     a = out(onnx_engine.run(silero.hash, {}, speech))
     b = out(onnx_engine.run(silero.hash, {"encoding": "pcm_s16le", "sample_rate": 16000}, pcm))
     assert a["probabilities"] == b["probabilities"]
@@ -105,7 +121,7 @@ def test_silero_raw_pcm_equals_wav(onnx_engine: OnnxEngine, silero: ModelManifes
 
 def test_silero_batch_rows_are_independent(onnx_engine: OnnxEngine,
                                            silero: ModelManifest) -> None:
-    speech, _ = speech_wav("hello there")
+    speech = speech_wav()
     alone = out(onnx_engine.run(silero.hash, {}, speech))["probabilities"]
     mixed = onnx_engine.run_batch(silero.hash, [({}, silence_wav(5.0)), ({}, speech)])
     together = out(mixed[1])["probabilities"]
