@@ -23,6 +23,7 @@ __all__ = [
     "create_topics",
     "make_consumer",
     "make_producer",
+    "wait_brokers",
     "wait_ready",
 ]
 
@@ -57,6 +58,37 @@ async def wait_ready(bootstrap: str, timeout: float = 30.0) -> None:
         finally:
             await admin.close()
         await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+
+
+async def broker_count(bootstrap: str) -> int:
+    """How many brokers the cluster at ``bootstrap`` has registered (from its metadata)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return len(cluster["brokers"])
+    finally:
+        await admin.close()
+
+
+async def wait_brokers(bootstrap: str, count: int, timeout: float = 60.0) -> None:
+    """Return once the cluster at ``bootstrap`` has ``count`` brokers registered; else raise
+    :class:`~fx_kafka.errors.BrokerNotReadyError` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    seen: int | None = None
+    last: BaseException | None = None
+    while loop.time() < deadline:
+        try:
+            seen = await asyncio.wait_for(broker_count(bootstrap),
+                                          timeout=max(0.5, deadline - loop.time()))
+            if seen >= count:
+                return
+        except (TimeoutError, KafkaError, OSError) as exc:
+            last = exc
+        await asyncio.sleep(0.2)
+    raise BrokerNotReadyError(f"Kafka at {bootstrap}: {seen} of {count} brokers registered after "
+                              f"{timeout:.1f} s (last error: {last!r})")
 
 
 async def _list_topics(admin: AIOKafkaAdminClient) -> list[str]:

@@ -10,6 +10,7 @@ __all__ = [
     "FetchError",
     "JavaNotFoundError",
     "NoBrokerError",
+    "PortInUseError",
     "TopicConfigError",
 ]
 
@@ -33,6 +34,16 @@ class BrokerStartError(BrokerError):
         self.log_tail = log_tail
         full = f"{message}\n--- broker log tail ---\n{log_tail}" if log_tail else message
         super().__init__(full)
+
+
+class PortInUseError(BrokerStartError):
+    """A port the local broker's data needs (recorded in ``state.json``) is taken by another
+    process. ``port`` is the port, ``owner`` who holds it when that can be told."""
+
+    def __init__(self, message: str, *, port: int, owner: str | None = None) -> None:
+        self.port = port
+        self.owner = owner
+        super().__init__(message)
 
 
 class BrokerAlreadyRunningError(BrokerError):
@@ -62,3 +73,20 @@ class NoBrokerError(BrokerError):
 class TopicConfigError(BrokerError):
     """A topic exists with a configuration the design relies on being different (for example a
     workload topic whose timestamps are the producer's clock instead of the broker's)."""
+
+
+class RetentionTooShortError(TopicConfigError):
+    """A workload topic exists with time or size retention that would delete records the
+    workload's audit horizon promises to keep (or, on ``.spec`` and ``.claims``, any record at
+    all: those are never trimmed).
+
+    ``problems`` holds one ``(topic, config key, value)`` per offending setting;
+    ``audit_horizon_ms`` is the horizon checked against (None: forever; ``"unknown"``: checked
+    before the spec was read, so only ``.spec`` and ``.claims``).
+    """
+
+    def __init__(self, message: str, *, problems: list[tuple[str, str, int]],
+                 audit_horizon_ms: int | str | None) -> None:
+        self.problems = list(problems)
+        self.audit_horizon_ms = audit_horizon_ms
+        super().__init__(message)
