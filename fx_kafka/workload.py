@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final, Literal
+
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from broker_schema import topics
 from fx_kafka.client import create_topics
-from fx_kafka.errors import TopicConfigError
+from fx_kafka.errors import RetentionTooShortError, TopicConfigError
 
 #: Per-workload topics use the broker's append time as the record timestamp: deadlines, timeouts
-#: and `--at TIME` look-ups are judged against it, never against a producer's clock.
-WORKLOAD_TOPIC_CONFIGS = {"message.timestamp.type": "LogAppendTime"}
+#: and `--at TIME` look-ups are judged against it, never against a producer's clock. They have
+#: no time or size retention: the broker never deletes a workload record by itself; records
+#: older than the spec's audit horizon are deleted by ``fx trim`` (DeleteRecords), which also
+#: keeps what a resume or replay from the latest snapshot needs (docs/operations.md).
+WORKLOAD_TOPIC_CONFIGS = {
+    "message.timestamp.type": "LogAppendTime",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
+
+#: ``audit_horizon_ms`` for a check made before the spec is known: only ``.spec`` and
+#: ``.claims`` (never trimmed, so any retention is too short) are checked for retention.
+HORIZON_UNKNOWN: Final = "unknown"
+
+HorizonArg = int | None | Literal["unknown"]
 
 
-async def ensure_workload_topics(bootstrap: str, workload_id: str) -> list[str]:
+async def ensure_workload_topics(bootstrap: str, workload_id: str, *,
+                                 audit_horizon_ms: HorizonArg = HORIZON_UNKNOWN) -> list[str]:
     """Create ``wl.<id>.in/.spec/.claims/.out/.resp/.merge`` (one partition each, append-time
-    timestamps) if they do not exist yet; return their names."""
+    timestamps, no retention) if they do not exist yet, check them
+    (:func:`check_workload_topics`), and return their names."""
     names = topics.all_topics(workload_id)
     await create_topics(bootstrap, names, partitions=1, configs=WORKLOAD_TOPIC_CONFIGS)
-    await check_workload_topics(bootstrap, workload_id)
+    await check_workload_topics(bootstrap, workload_id, audit_horizon_ms=audit_horizon_ms)
     return names
 
 
@@ -41,10 +59,17 @@ async def topic_configs(bootstrap: str, names: list[str]) -> dict[str, dict[str,
     return out
 
 
-async def check_workload_topics(bootstrap: str, workload_id: str) -> None:
+async def check_workload_topics(bootstrap: str, workload_id: str, *,
+                                audit_horizon_ms: HorizonArg = HORIZON_UNKNOWN) -> None:
     """Raise :class:`TopicConfigError` if a workload topic does not use the broker's append
     time (a topic auto-created by a producer's first write on a broker whose default is
-    ``CreateTime``): deadlines would then be judged on producer clocks."""
+    ``CreateTime``): deadlines would then be judged on producer clocks.
+
+    Raise :class:`RetentionTooShortError` (a :class:`TopicConfigError`) if the broker would
+    delete records the workload must keep (see :func:`retention_problems`): ``audit_horizon_ms``
+    is the spec's horizon (None: forever), or :data:`HORIZON_UNKNOWN` before the spec is known
+    (then only ``.spec`` and ``.claims`` are checked for retention).
+    """
     configs = await topic_configs(bootstrap, topics.all_topics(workload_id))
     wrong = sorted(name for name, cfg in configs.items()
                    if cfg.get("message.timestamp.type") != "LogAppendTime")
@@ -54,6 +79,67 @@ async def check_workload_topics(bootstrap: str, workload_id: str) -> None:
             "would be producer clocks; fix with `kafka-configs --alter --entity-type topics "
             "--entity-name TOPIC --add-config message.timestamp.type=LogAppendTime`, or set the "
             "broker default log.message.timestamp.type=LogAppendTime")
+    problems = retention_problems(workload_id, configs, audit_horizon_ms)
+    if problems:
+        raise RetentionTooShortError(retention_message(problems, audit_horizon_ms),
+                                     problems=problems, audit_horizon_ms=audit_horizon_ms)
+
+
+def _as_int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def retention_problems(workload_id: str, configs: Mapping[str, Mapping[str, str]],
+                       audit_horizon_ms: HorizonArg) -> list[tuple[str, str, int]]:
+    """The retention settings of a workload's topics that would let the broker delete records
+    the workload must keep, as ``(topic, key, value)``; empty when there are none. Pure.
+
+    - ``.spec`` and ``.claims`` are never trimmed (every claim and spec stays auditable), so any
+      ``retention.ms`` or ``retention.bytes`` other than -1 is a problem.
+    - ``.in``, ``.out``, ``.resp`` and ``.merge``: a ``retention.ms`` shorter than the audit
+      horizon (any finite one when the horizon is None, forever), and any finite
+      ``retention.bytes`` (size retention deletes records of any age). Not checked while the
+      horizon is :data:`HORIZON_UNKNOWN`.
+
+    A missing or unparsable value is not judged.
+    """
+    keep_all = {topics.spec(workload_id), topics.claims(workload_id)}
+    problems: list[tuple[str, str, int]] = []
+    for name in topics.all_topics(workload_id):
+        cfg = configs.get(name, {})
+        if name not in keep_all and audit_horizon_ms == HORIZON_UNKNOWN:
+            continue
+        ms = _as_int(cfg.get("retention.ms"))
+        if ms is not None and ms >= 0 and (
+                name in keep_all or audit_horizon_ms is None
+                or (isinstance(audit_horizon_ms, int) and ms < audit_horizon_ms)):
+            problems.append((name, "retention.ms", ms))
+        size = _as_int(cfg.get("retention.bytes"))
+        if size is not None and size >= 0:
+            problems.append((name, "retention.bytes", size))
+    return problems
+
+
+def retention_message(problems: list[tuple[str, str, int]], audit_horizon_ms: HorizonArg) -> str:
+    """The operator's message for :func:`retention_problems`' findings: what, why, how to fix."""
+    horizon = ("forever (the spec sets no audit_horizon_ms)" if audit_horizon_ms is None
+               else "not known yet (no spec read)" if audit_horizon_ms == HORIZON_UNKNOWN
+               else f"{audit_horizon_ms} ms")
+    lines = [f"workload topics would lose records the log must keep (audit horizon: {horizon}):"]
+    for name, key, value in problems:
+        why = ("this topic is never trimmed" if name.endswith((".spec", ".claims"))
+               else "size retention deletes records of any age" if key == "retention.bytes"
+               else "shorter than the audit horizon")
+        lines.append(f"  {name}: {key}={value} ({why})")
+    lines.append(
+        "fix: `kafka-configs --bootstrap-server HOST:PORT --alter --entity-type topics "
+        "--entity-name TOPIC --add-config retention.ms=-1,retention.bytes=-1` for each topic "
+        "(or write a spec whose --audit-horizon-ms is no longer than the retention); records "
+        "older than the horizon are deleted by `fx trim`, which also keeps what a resume needs")
+    return "\n".join(lines)
 
 
 async def ensure_system_topics(bootstrap: str) -> None:

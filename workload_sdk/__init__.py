@@ -30,6 +30,8 @@ from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, tran
 from workload_sdk._loader import load_workload
 from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._replay import DiffReport, ReplayError, ReplayResult, diff, replay
+from workload_sdk._trim import TopicTrim, TrimPlan, plan_trim
+from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why
 
 __all__ = [
@@ -52,7 +54,9 @@ __all__ = [
     "ReplayResult",
     "Request",
     "State",
+    "TopicTrim",
     "TopicView",
+    "TrimPlan",
     "Workload",
     "WorkloadError",
     "WorkloadLog",
@@ -64,10 +68,12 @@ __all__ = [
     "infer",
     "load_workload",
     "module_hash",
+    "plan_trim",
     "replay",
     "request",
     "state_bytes",
     "state_hash",
     "transactional_id_for",
+    "trim_workload",
     "why",
 ]

@@ -18,6 +18,10 @@ Start-up (each step is a fact on the log, so a successor can check it):
    snapshots in one transaction, then judge deadlines against the append time of the latest
    ``.resp`` record merged, writing ``timeout``/``unknown`` records, and append a tick to
    ``.resp`` when a deadline is near and nothing else would move broker time forward.
+
+Optionally (``HolderConfig.trim_every_s``) the holder also trims the workload's log by the spec's
+audit horizon every so often, with the same :func:`~workload_sdk._trim_io.trim_workload` that
+``fx trim`` runs.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.client import make_consumer, make_producer
-from fx_kafka.workload import ensure_workload_topics
+from fx_kafka.workload import check_workload_topics, ensure_workload_topics
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import (
     Core,
@@ -61,6 +65,7 @@ from workload_sdk._core import (
 )
 from workload_sdk._kafka_io import read_resume_log, read_topic
 from workload_sdk._replay import out_slots, replay, resume_outputs
+from workload_sdk._trim_io import trim_workload
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +91,8 @@ class HolderConfig:
 
     ``check_module``: refuse a module whose hash differs from the spec's ``module_hash``.
     ``max_batch``: most records per transaction. ``poll_ms``: longest wait for new records.
-    ``tick_ms``: shortest gap between two ticks.
+    ``tick_ms``: shortest gap between two ticks. ``trim_every_s``: trim the log by the spec's
+    audit horizon this often (``fx trim``; None, the default: never).
     """
 
     bootstrap: str
@@ -96,6 +102,7 @@ class HolderConfig:
     max_batch: int = 500
     poll_ms: int = 100
     tick_ms: int = 20
+    trim_every_s: float | None = None
 
 
 @dataclass
@@ -114,6 +121,9 @@ class HolderStats:
     snapshots_skipped: int = 0
     #: Where this holder started reading ``.in``/``.resp``/``.out`` on resume.
     resumed_from: dict[str, int] = field(default_factory=dict)
+    #: Periodic trims run (``HolderConfig.trim_every_s``), and those that failed.
+    trims: int = 0
+    trims_failed: int = 0
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
 
@@ -129,7 +139,9 @@ class LeaseHolder:
 
     Create it, then ``await run(stop)``; it returns when ``stop`` is set, raises :class:`Fenced`
     when a newer holder took over, :class:`WorkloadError` when the step broke a rule,
-    :class:`NoSpec` when there is no spec to run, and on resume :class:`ReplayError` when the
+    :class:`NoSpec` when there is no spec to run,
+    :class:`~fx_kafka.errors.RetentionTooShortError` when a workload topic's retention is shorter
+    than the spec's audit horizon, and on resume :class:`ReplayError` when the
     module does not reproduce the recorded merge decisions or outputs and :class:`LogGap` when a
     record replay needs is gone.
     """
@@ -171,6 +183,9 @@ class LeaseHolder:
         if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
             raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
                          f"{self.spec.module_hash} (spec at offset {spec_offset})")
+        # the broker must not delete what the spec's audit horizon keeps
+        await check_workload_topics(cfg.bootstrap, cfg.workload_id,
+                                    audit_horizon_ms=self.spec.audit_horizon_ms)
         claims = await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id))
         highest = 0
         for rec in claims:
@@ -268,6 +283,7 @@ class LeaseHolder:
                                        transactional_id=transactional_id_for(cfg.workload_id))
         await self._producer.start()
         consumer = None
+        trimmer: asyncio.Task[None] | None = None
         try:
             await self._claim()
             await self._resume()
@@ -280,14 +296,41 @@ class LeaseHolder:
             consumer.seek(tp_in, self.core.positions["in"])
             consumer.seek(tp_resp, self.core.positions["resp"])
             self.ready.set()
+            if cfg.trim_every_s is not None:
+                trimmer = asyncio.create_task(self._trim_loop(cfg.trim_every_s, stop))
             await self._loop(consumer, tp_in, tp_resp, stop)
         finally:
+            if trimmer is not None:
+                trimmer.cancel()
+                await asyncio.gather(trimmer, return_exceptions=True)
             if consumer is not None:
                 await consumer.stop()
             try:
                 await self._producer.stop()
             except KafkaError as exc:  # a fenced producer may fail to close cleanly
                 log.debug("producer stop: %r", exc)
+
+    async def _trim_loop(self, every_s: float, stop: asyncio.Event) -> None:
+        """Every ``every_s`` seconds until ``stop``: trim the log (a failure is logged and
+        retried next time; it never stops the holder)."""
+        cfg = self.config
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=every_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                plan = await trim_workload(cfg.bootstrap, cfg.workload_id)
+            except (KafkaError, OSError, TimeoutError) as exc:
+                self.stats.trims_failed += 1
+                log.warning("trim of %s failed (retried in %.0f s): %r", cfg.workload_id,
+                            every_s, exc)
+                continue
+            self.stats.trims += 1
+            if not plan.changes:
+                log.debug("trim of %s: nothing to delete (%s)", cfg.workload_id,
+                          plan.note or "at the floor")
 
     async def _loop(self, consumer: Any, tp_in: TopicPartition, tp_resp: TopicPartition,
                     stop: asyncio.Event) -> None:

@@ -85,6 +85,23 @@ def _merge_records(log: WorkloadLog) -> list[tuple[int, MergeEntry | SnapshotRec
     return items
 
 
+def _check_from_start(log: WorkloadLog,
+                      items: list[tuple[int, MergeEntry | SnapshotRecord]], what: str) -> None:
+    """Raise :class:`LogGap` (``trimmed``) when ``.merge`` no longer starts at offset 0: a fold
+    from the initial state needs every merge entry from the first one."""
+    view = log["merge"]
+    if view.start <= 0:
+        return
+    snaps = [(o, r) for o, r in items if isinstance(r, SnapshotRecord)]
+    hint = (f"the earliest snapshot retained is seq {snaps[0][1].seq} at .merge@{snaps[0][0]}, "
+            f"so replay reaches the state after step {snaps[0][1].seq - 1} and later "
+            f"(fx replay {log.workload_id} --to {max(snaps[0][1].seq - 1, 0)} or above)"
+            if snaps else "no snapshot is retained")
+    raise LogGap(view.topic, 0, "trimmed",
+                 f"{what} needs .merge from offset 0 and the log starts at {view.start} "
+                 f"(trimmed by the audit horizon); {hint}")
+
+
 def _item(log: WorkloadLog, entry: MergeEntry) -> Item:
     view = log[entry.source]
     raw = view.raw(entry.source_offset)
@@ -117,8 +134,10 @@ def replay(
     """Rebuild the fold from the nearest snapshot and the merge log.
 
     ``to_seq``: stop after the step at that merge position (None: the end of the log). Raises
-    :class:`LogGap` for a trimmed, missing or undecodable record (replay stops there) and
-    :class:`ReplayError` when the fold decides differently from the merge log.
+    :class:`LogGap` for a trimmed, missing or undecodable record (replay stops there: on a
+    trimmed ``.merge``, when no retained snapshot is at or before ``to_seq + 1``, or with
+    ``use_snapshots=False``) and :class:`ReplayError` when the fold decides differently from the
+    merge log.
     """
     items = _merge_records(log)
     start_index = 0
@@ -132,6 +151,8 @@ def replay(
                 start_index = i + 1
                 result_snapshot = (offset, record.seq)
     if core is None:
+        _check_from_start(log, items, "replay to seq " + str(to_seq) if to_seq is not None
+                          else "replay from the start" if not use_snapshots else "replay")
         core = Core.initial(workload, log.workload_id)
     result = ReplayResult(core=core)
     if result_snapshot is not None:
@@ -245,13 +266,16 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
 
     Recorded answers are reused as they are; a request the new code issues that differs from the
     recorded one in anything but the model stops the diff as a divergence of requests; one that
-    differs only in the model hash stops it as ``model_changed``.
+    differs only in the model hash stops it as ``model_changed``. Raises :class:`LogGap`
+    (``trimmed``) when ``.merge`` was trimmed: a diff runs from seq 0.
     """
     recorded = out_slots(log)
+    items = _merge_records(log)
+    _check_from_start(log, items, "diff")
     core = Core.initial(new_workload, log.workload_id)
     specs = _Specs(log)
     report = DiffReport(kind="same")
-    for _offset, record in _merge_records(log):
+    for _offset, record in items:
         if isinstance(record, SnapshotRecord):
             continue
         item = _item(log, record)

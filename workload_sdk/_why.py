@@ -110,6 +110,10 @@ def _find_output(log: WorkloadLog, out_offset: int | None, at_ms: int | None) ->
         if rec.time_ms <= at_ms:
             best = rec.offset
     if best is None:
+        if view.start > 0:
+            raise LogGap(view.topic, view.start - 1, "trimmed",
+                         f"no output at or before {at_ms} ms is retained: the log starts at "
+                         f"{view.start} (offsets below it were trimmed by the audit horizon)")
         raise LogGap(view.topic, -1, "missing", f"no output at or before {at_ms} ms")
     return best
 
@@ -152,7 +156,15 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
                      "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq)},
         }
         if seq not in by_seq:
-            raise LogGap(log["merge"].topic, -1, "missing", f"no merge entry delivers seq {seq}")
+            merge = log["merge"]
+            first = min(by_seq, default=None)
+            if merge.start > 0 and (first is None or seq < first):
+                raise LogGap(merge.topic, merge.start - 1, "trimmed",
+                             f"no merge entry delivers seq {seq}: .merge starts at "
+                             f"{merge.start} (offsets below it were trimmed by the audit "
+                             "horizon)" + ("" if first is None else
+                                           f"; the earliest retained delivery is seq {first}"))
+            raise LogGap(merge.topic, -1, "missing", f"no merge entry delivers seq {seq}")
         merge_offset, entry = by_seq[seq]
         node["merge"] = {"offset": merge_offset, "source": entry.source,
                          "source_offset": entry.source_offset, "epoch": entry.epoch}

@@ -1,8 +1,10 @@
-"""``fx workload``, ``fx replay`` and ``fx why``.
+"""``fx workload``, ``fx replay``, ``fx why`` and ``fx trim``.
 
 Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a rule
 (:class:`WorkloadError`); 3 a record replay needs is trimmed, missing or undecodable (``LogGap``),
-or a holder was fenced; 4 no spec / module mismatch, or the fold disagrees with the merge log.
+or a holder was fenced; 4 no spec / module mismatch, the fold disagrees with the merge log, or a
+workload topic's configuration is refused (``TopicConfigError``: producer-clock timestamps, or
+retention shorter than the audit horizon).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from typing import Any
 
 from broker_schema import InputRecord, SpecRecord, encode, topics
 from fx_kafka.client import make_producer
-from fx_kafka.workload import ensure_workload_topics
+from fx_kafka.errors import TopicConfigError
+from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._logview import LogGap
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
+from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
+from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import render_tree, why
 
 EXIT_DIFF = 1
@@ -53,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     workload = load_workload(args.module)
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
-                          check_module=not args.no_module_check)
+                          check_module=not args.no_module_check, trim_every_s=args.trim_every)
     holder = LeaseHolder(workload, config)
 
     async def main() -> int:
@@ -69,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         except WorkloadError as exc:
             print(f"workload error: {exc}", file=sys.stderr, flush=True)
             return EXIT_WORKLOAD
-        except NoSpec as exc:
+        except (NoSpec, TopicConfigError) as exc:
             print(f"cannot run: {exc}", file=sys.stderr, flush=True)
             return EXIT_MISMATCH
         except ReplayError as exc:
@@ -100,8 +105,14 @@ def _spec(args: argparse.Namespace) -> int:
         deadline_default_ms=args.deadline_ms,
         executor_lease_ms=args.executor_lease_ms,
         snapshot_every=args.snapshot_every,
+        audit_horizon_ms=args.audit_horizon_ms,
     )
-    offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id), encode(spec)))
+    try:
+        offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
+                                      encode(spec), audit_horizon_ms=spec.audit_horizon_ms))
+    except TopicConfigError as exc:
+        print(f"spec not written: {exc}", file=sys.stderr, flush=True)
+        return EXIT_MISMATCH
     print(f"spec written to {topics.spec(args.id)}@{offset}")
     return 0
 
@@ -115,14 +126,19 @@ def _input(args: argparse.Namespace) -> int:
         with open(args.file, "rb") as fh:
             body = body_of(fh.read(), media_type=args.media_type)
     record = InputRecord(workload_id=args.id, body=body, source=args.source)
-    offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.inputs(args.id),
-                                  encode(record)))
+    try:
+        offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.inputs(args.id),
+                                      encode(record)))
+    except TopicConfigError as exc:
+        print(f"input not written: {exc}", file=sys.stderr, flush=True)
+        return EXIT_MISMATCH
     print(f"input written to {topics.inputs(args.id)}@{offset}")
     return 0
 
 
-async def _produce(bootstrap: str, workload_id: str, topic: str, value: bytes) -> int:
-    await ensure_workload_topics(bootstrap, workload_id)
+async def _produce(bootstrap: str, workload_id: str, topic: str, value: bytes, *,
+                   audit_horizon_ms: HorizonArg = HORIZON_UNKNOWN) -> int:
+    await ensure_workload_topics(bootstrap, workload_id, audit_horizon_ms=audit_horizon_ms)
     producer = make_producer(bootstrap)
     await producer.start()
     try:
@@ -166,6 +182,7 @@ def _replay(args: argparse.Namespace) -> int:
         return 0 if report.kind == "same" else EXIT_DIFF
     try:
         result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start)
+        problems = compare_outputs(result, log)
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
@@ -175,7 +192,6 @@ def _replay(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         print(f"workload error during replay: {exc}", file=sys.stderr)
         return EXIT_WORKLOAD
-    problems = compare_outputs(result, log)
     core = result.core
     summary = {
         "workload_id": args.id,
@@ -229,11 +245,54 @@ def _why(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------- fx trim
+
+
+def _format_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+
+
+def render_trim(plan: TrimPlan, *, dry_run: bool) -> str:
+    """``fx trim``'s report: per topic, the old log start -> the new one, and why."""
+    lines: list[str] = []
+    horizon = ("forever" if plan.audit_horizon_ms is None else f"{plan.audit_horizon_ms} ms")
+    head = f"workload {plan.workload_id}: audit horizon {horizon}"
+    if plan.cutoff_ms is not None:
+        head += f" (records appended before {_format_ms(plan.cutoff_ms)} are older)"
+    lines.append(head)
+    if plan.snapshot is not None:
+        lines.append(f"trim snapshot: seq {plan.snapshot[1]} at .merge@{plan.snapshot[0]} "
+                     "(replay and resume start there or later)")
+    verb = "would delete" if dry_run else "deleted"
+    for trim in plan.topics.values():
+        new = plan.low_watermarks.get(trim.stream, trim.new_start)
+        change = (f"{verb} {trim.deleted} offsets" if trim.new_start > trim.start
+                  else "unchanged")
+        lines.append(f"  {trim.topic}: start {trim.start} -> {new} (end {trim.end}; {change}; "
+                     f"bound: {trim.bound})")
+    for stream in NEVER_TRIMMED:
+        lines.append(f"  wl.{plan.workload_id}.{stream}: never trimmed")
+    if plan.note:
+        lines.append(plan.note)
+    if dry_run:
+        lines.append("dry run: nothing was deleted")
+    return "\n".join(lines)
+
+
+def _trim(args: argparse.Namespace) -> int:
+    plan = asyncio.run(trim_workload(_bootstrap(args), args.id, dry_run=args.dry_run))
+    if args.json:
+        _print_json(plan.as_dict())
+    else:
+        print(render_trim(plan, dry_run=args.dry_run))
+    return 0
+
+
 # -------------------------------------------------------------------------------- register
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``fx workload``, ``fx replay`` and ``fx why``."""
+    """Add ``fx workload``, ``fx replay``, ``fx why`` and ``fx trim``."""
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 
@@ -246,6 +305,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--holder-id", help="this holder's id (default: host-pid)")
     run.add_argument("--no-module-check", action="store_true",
                      help="run even if the module does not hash to the spec's module_hash")
+    run.add_argument("--trim-every", type=float, metavar="SECONDS",
+                     help="also trim the log by the spec's audit horizon this often, as "
+                     "`fx trim` does (default: never)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 
@@ -258,6 +320,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--deadline-ms", type=int, default=5_000)
     spec.add_argument("--executor-lease-ms", type=int, default=30_000)
     spec.add_argument("--snapshot-every", type=int, default=100)
+    spec.add_argument("--audit-horizon-ms", type=int, metavar="MS",
+                      help="keep .in/.out/.resp/.merge records at least this long; `fx trim` "
+                      "deletes older ones (default: forever, nothing is trimmed)")
     bootstrap_arg(spec)
     spec.set_defaults(func=_spec)
 
@@ -294,6 +359,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     wy.add_argument("--json", action="store_true")
     bootstrap_arg(wy)
     wy.set_defaults(func=_why)
+
+    tr = subparsers.add_parser("trim", help="delete a workload's records older than its "
+                               "audit horizon (keeps what resume and replay need)")
+    tr.add_argument("id")
+    tr.add_argument("--dry-run", action="store_true", help="print what would be deleted, "
+                    "delete nothing")
+    tr.add_argument("--json", action="store_true")
+    bootstrap_arg(tr)
+    tr.set_defaults(func=_trim)
 
 
 def main(argv: list[str] | None = None) -> int:
