@@ -118,6 +118,14 @@ class ExecutorMetrics:
             registry=r,
         )
 
+        self.broker_retries = Counter(
+            "fx_executor_broker_retries",
+            "Broker calls retried because the broker was down or restarting, by operation "
+            "(response, accepted, facts, reject, commit, stream)",
+            ["op"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)

@@ -19,6 +19,17 @@ merges the first answer and passes over the rest). The executor does not look fo
 response on ``.resp``: inference has no side effects, so answering twice is harmless and the
 check would cost a read of ``.resp`` per request.
 
+Broker restarts: the service rides them out in the same process and loses nothing. aiokafka
+reconnects by itself (the idempotent producer never expires a batch, fetches and commits retry,
+the group consumer re-joins when its session expired meanwhile); what still fails while the broker
+is away (:func:`fx_kafka.retry.broker_unavailable`: a send that timed out waiting for metadata, a
+lost ``accepted`` ack, a commit, a poll, a stream read) is retried with backoff, counted in
+``fx_executor_broker_retries_total{op}`` and logged as ``broker unavailable``. A retried send may
+put a record on the log twice; for ``response`` and ``accepted`` that is the "answered twice"
+case above. A commit that fails is left to the next poll: the offset is settled, only its commit
+waits, and a request whose commit was lost is answered again. A stream input that cannot be
+read while the broker is down is waited for, never answered ``input_missing``.
+
 Shutdown (SIGTERM): stop reading, give in-flight requests ``shutdown_grace_s`` to finish, then
 answer every request still in flight with ``error``/``shutdown`` (retriable) and commit. Only a
 crash (SIGKILL, power loss) leaves an accepted request without a response; the lease holder then
@@ -82,6 +93,7 @@ from executor.identity import NodeIdentity
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
 from fx_kafka.client import make_consumer, make_producer, wait_ready
+from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
 
 __all__ = ["ExecutorService", "executor_version"]
@@ -112,6 +124,10 @@ class _Job:
     read_mono: float
     tp: tuple[str, int]
     tracker: OffsetTracker
+    #: the ``accepted`` record as sent (topic, value, key): written again if its ack fails
+    accepted: tuple[str, bytes, bytes]
+    #: the producer generation it was sent with (see ``ExecutorService._renew_producer``)
+    accepted_gen: int = 0
 
 
 @dataclass
@@ -214,6 +230,9 @@ class ExecutorService:
         self._trackers = {kind: OffsetTracker() for kind in config.kinds}
         self._consumers: dict[str, AIOKafkaConsumer] = {}
         self._producer: AIOKafkaProducer | None = None
+        self._producer_gen = 0
+        self._renew_lock = asyncio.Lock()
+        self._retired: set[asyncio.Task[Any]] = set()
         self._side: AIOKafkaConsumer | None = None
         self._side_lock = asyncio.Lock()
         self._watched: dict[str, list[TopicPartition]] = {}
@@ -371,8 +390,10 @@ class ExecutorService:
                 await c.stop()
         if isinstance(self.chunks, KafkaChunkStore):
             await self.chunks.stop()
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
         if self._producer is not None:
-            await self._producer.stop()
+            await _close_quietly(self._producer, max(1.0, self.config.shutdown_grace_s))
         if self._http is not None and self._http_task is not None:
             self._http.server.should_exit = True
             await _finish([self._http_task], timeout=5.0)
@@ -396,6 +417,109 @@ class ExecutorService:
 
         task.add_done_callback(_done)
         return task
+
+    # ------------------------------------------------------------------------------ broker outages
+    async def _broker_wait(self, op: str, what: str, exc: BaseException, attempt: int) -> None:
+        """Count, log and sleep before retry ``attempt`` of ``op`` while the broker is away."""
+        self.metrics.broker_retries.labels(op).inc()
+        delay = backoff_s(attempt)
+        log.warning("broker unavailable (%s %s, retry %d): %r; retrying in %.1f s",
+                    op, what, attempt, exc, delay)
+        await asyncio.sleep(delay)
+
+    async def _produce(self, op: str, topic: str, value: bytes, key: bytes) -> Any:
+        """``send_and_wait`` that rides out a broker restart: a send that fails because the broker
+        is down is sent again with backoff until it is acknowledged (while stopping, for
+        ``shutdown_grace_s`` at most, then the error goes up). Sending again may write a record
+        twice; a second ``response``, ``accepted``, facts or reject record is harmless (the
+        holder merges the first answer). Fencing and other errors go up at once."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        give_up: float | None = None
+        while True:
+            producer, gen = self._producer, self._producer_gen
+            assert producer is not None
+            error: KafkaError
+            try:
+                fut = await producer.send(topic, value=value, key=key)
+            except KafkaError as exc:  # not enqueued
+                if not broker_unavailable(exc):
+                    raise
+                error, lost = exc, False
+            else:
+                try:
+                    return await fut
+                except KafkaError as exc:
+                    if not batch_lost(exc):
+                        raise
+                    error, lost = exc, True
+            if self._stopping:
+                give_up = give_up or loop.time() + self.config.shutdown_grace_s
+                if loop.time() >= give_up:
+                    raise error
+            if lost:
+                await self._renew_producer(gen, error)
+            attempt += 1
+            await self._broker_wait(op, topic, error, attempt)
+
+    async def _renew_producer(self, gen: int, exc: BaseException) -> None:
+        """Replace the producer of generation ``gen`` after one of its batches was lost (see
+        :func:`fx_kafka.retry.batch_lost`): an idempotent producer whose batch failed cannot
+        send to that partition again. The new one has a new producer id; the old one is closed
+        in the background (what it still delivers is fine, what it fails is sent again by its
+        own caller). Only the first caller of a generation renews it."""
+        async with self._renew_lock:
+            if gen != self._producer_gen:
+                return
+            attempt = 0
+            while True:
+                new = make_producer(self.config.bootstrap)
+                try:
+                    await new.start()
+                    break
+                except KafkaError as start_exc:
+                    with contextlib.suppress(KafkaError):
+                        await new.stop()
+                    if not broker_unavailable(start_exc):
+                        raise
+                    attempt += 1
+                    await self._broker_wait("producer", "start", start_exc, attempt)
+            old, self._producer = self._producer, new
+            self._producer_gen += 1
+            if isinstance(self.chunks, KafkaChunkStore):
+                self.chunks.producer = new
+            self.metrics.broker_retries.labels("producer").inc()
+            log.warning("broker unavailable: replaced the producer after a lost batch (%r); "
+                        "generation %d", exc, self._producer_gen)
+            if old is not None:
+                task = asyncio.ensure_future(_close_quietly(old, 60.0))
+                self._retired.add(task)
+                task.add_done_callback(self._retired.discard)
+
+    async def _send_accepted(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        """Enqueue ``accepted`` (the ack is awaited by the worker before the model runs)."""
+        assert self._producer is not None
+        attempt = 0
+        while True:
+            try:
+                fut: asyncio.Future[Any] = await self._producer.send(topic, value=value, key=key)
+                return fut
+            except KafkaError as exc:
+                if not broker_unavailable(exc) or self._stopping:
+                    raise
+                attempt += 1
+                await self._broker_wait("accepted", topic, exc, attempt)
+
+    async def _accepted_written(self, j: _Job) -> None:
+        """Wait for ``j``'s ``accepted`` to be acknowledged; write it again if the broker lost
+        it (only a broker outage: any other failure goes up)."""
+        try:
+            await j.accepted_ack
+        except KafkaError as exc:
+            if not batch_lost(exc):
+                raise
+            await self._renew_producer(j.accepted_gen, exc)
+            await self._produce("accepted", *j.accepted)
 
     # ------------------------------------------------------------------------------ models
     def _engine_for(self, manifest: ModelManifest) -> Engine:
@@ -495,10 +619,7 @@ class ExecutorService:
         if not force and not facts_changed(self._facts, facts):
             return
         self._facts = facts
-        assert self._producer is not None
-        await self._producer.send_and_wait(
-            topics.FACTS, value=encode(facts), key=self.config.node_id.encode()
-        )
+        await self._produce("facts", topics.FACTS, encode(facts), self.config.node_id.encode())
 
     async def _facts_ticker(self) -> None:
         while True:
@@ -548,8 +669,17 @@ class ExecutorService:
     # ------------------------------------------------------------------------------ consuming
     async def _consume(self, kind: str, consumer: AIOKafkaConsumer) -> None:
         tracker = self._trackers[kind]
+        failures = 0
         while not self._stopping:
-            batch = await consumer.getmany(timeout_ms=200, max_records=500)
+            try:
+                batch = await consumer.getmany(timeout_ms=200, max_records=500)
+                failures = 0
+            except KafkaError as exc:
+                if not broker_unavailable(exc):
+                    raise
+                failures += 1
+                await self._broker_wait("poll", kind, exc, failures)
+                continue
             synced: set[str] = set()
             for tp, msgs in batch.items():
                 for msg in msgs:
@@ -568,6 +698,14 @@ class ExecutorService:
             await consumer.commit({owned[k]: v for k, v in todo.items()})
         except (CommitFailedError, IllegalStateError) as exc:
             log.warning("commit of %s failed (rebalance?): %s", todo, exc)
+            return
+        except KafkaError as exc:
+            if not broker_unavailable(exc):
+                raise
+            # the offsets stay unsettled-but-answered; the next poll commits them (or, after a
+            # crash, their requests are read and answered again: harmless)
+            self.metrics.broker_retries.labels("commit").inc()
+            log.warning("broker unavailable committing %s: %r; the next poll retries", todo, exc)
             return
         tracker.mark_committed(todo)
 
@@ -632,28 +770,22 @@ class ExecutorService:
         elif isinstance(decision, Refuse):
             self._spawn(self._write_refusal(decision.response, kind, key, msg.offset, read_mono))
         elif isinstance(decision, Admit):
-            assert self._producer is not None
-            ack = await self._producer.send(
-                topics.resp(workload_id),
-                value=encode(decision.accepted),
-                key=decision.job.effect_id.encode(),
-            )
+            accepted = (topics.resp(workload_id), encode(decision.accepted),
+                        decision.job.effect_id.encode())
+            gen = self._producer_gen
+            ack = await self._send_accepted(*accepted)
             assert record.model is not None
             await self._scheduler.put(
-                _Job(decision.job, kind, record.model, ack, read_mono, key, tracker)
+                _Job(decision.job, kind, record.model, ack, read_mono, key, tracker, accepted, gen)
             )
 
     async def _write_refusal(
         self, response: ResponseRecord, kind: str, key: tuple[str, int], offset: int,
         read_mono: float,
     ) -> None:
-        assert self._producer is not None
         signed = self.identity.sign_response(response)
-        await self._producer.send_and_wait(
-            topics.resp(response.header.workload_id),
-            value=encode(signed),
-            key=response.effect_id.encode(),
-        )
+        await self._produce("response", topics.resp(response.header.workload_id), encode(signed),
+                            response.effect_id.encode())
         code = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, code).inc()
         self.metrics.request_seconds.labels(kind, response.outcome).observe(
@@ -679,10 +811,7 @@ class ExecutorService:
             value_hash=sha256_hex(value),
             seen_by=self.config.node_id,
         )
-        assert self._producer is not None
-        await self._producer.send_and_wait(
-            topics.REJECTS, value=encode(record), key=msg.topic.encode()
-        )
+        await self._produce("reject", topics.REJECTS, encode(record), msg.topic.encode())
 
     # ------------------------------------------------------------------------------ claims, spec
     async def _sync_workload(self, workload_id: str, *, attempt_s: float = 15.0,
@@ -780,6 +909,21 @@ class ExecutorService:
         raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
 
     async def _read_stream(self, ref: StreamRef) -> bytes:
+        """The record ``ref`` names. While the broker is down the read is retried (with backoff,
+        until the service stops): an input that exists but cannot be reached right now is not
+        ``input_missing``."""
+        attempt = 0
+        while True:
+            try:
+                return await self._read_stream_once(ref)
+            except _Unreachable as exc:
+                if self._stopping:
+                    raise EngineError("shutdown", "the executor stopped while the broker was "
+                                      f"unavailable: {exc}") from None
+                attempt += 1
+                await self._broker_wait("stream", ref.topic, exc, attempt)
+
+    async def _read_stream_once(self, ref: StreamRef) -> bytes:
         stream = self._stream
         assert stream is not None
         tp = TopicPartition(ref.topic, ref.partition)
@@ -789,6 +933,8 @@ class ExecutorService:
                 first = (await self._probe.beginning_offsets([tp]))[tp]
                 end = (await self._probe.end_offsets([tp]))[tp]
             except KafkaError as exc:
+                if broker_unavailable(exc):
+                    raise _Unreachable(repr(exc)) from exc
                 raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
             if not first <= ref.offset < end:
                 raise OutcomeError(
@@ -800,7 +946,10 @@ class ExecutorService:
             stream.seek(tp, ref.offset)
             batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
             msgs = batch.get(tp, [])
-            if not msgs or msgs[0].offset != ref.offset:
+            if not msgs:
+                # the offset is in the partition's range: nothing fetched means not reachable
+                raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
+            if msgs[0].offset != ref.offset:
                 raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
             value: bytes = msgs[0].value or b""
             return value
@@ -828,7 +977,7 @@ class ExecutorService:
         while True:
             model_hash, jobs = await self._scheduler.take(self._batch_limit)
             for j in jobs:
-                await j.accepted_ack  # accepted is acknowledged before the model runs
+                await self._accepted_written(j)  # acknowledged before the model runs
             ready: list[tuple[_Job, bytes]] = []
             for j in jobs:
                 try:
@@ -943,12 +1092,8 @@ class ExecutorService:
                     finished_us=finished_us,
                 )
         signed = self.identity.sign_response(response)
-        assert self._producer is not None
-        await self._producer.send_and_wait(
-            topics.resp(job.request.header.workload_id),
-            value=encode(signed),
-            key=job.effect_id.encode(),
-        )
+        await self._produce("response", topics.resp(job.request.header.workload_id),
+                            encode(signed), job.effect_id.encode())
         label: str = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, label).inc()
         if read_mono is not None:
@@ -957,6 +1102,18 @@ class ExecutorService:
             )
         if tracker is not None:
             tracker.done(tp, job.request_offset)
+
+
+async def _close_quietly(producer: AIOKafkaProducer, timeout: float) -> None:
+    """Stop ``producer``, waiting at most ``timeout`` s for it to flush (the broker may be down)."""
+    try:
+        await asyncio.wait_for(producer.stop(), timeout)
+    except (KafkaError, TimeoutError) as exc:
+        log.warning("producer did not close cleanly: %r", exc)
+
+
+class _Unreachable(Exception):
+    """A stream read failed because the broker cannot be reached (retried)."""
 
 
 async def _finish(tasks: list[asyncio.Task[Any]], *, timeout: float) -> None:

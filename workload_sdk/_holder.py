@@ -19,6 +19,27 @@ Start-up (each step is a fact on the log, so a successor can check it):
    ``.resp`` record merged, writing ``timeout``/``unknown`` records, and append a tick to
    ``.resp`` when a deadline is near and nothing else would move broker time forward.
 
+Broker restarts and outages: the holder rides them out in the same process and loses nothing.
+aiokafka itself reconnects and retries most calls (a transactional producer never expires a
+batch; ``EndTxn`` and fetches are retried), so a short outage only delays the loop. When a call
+does fail with :func:`~fx_kafka.retry.broker_unavailable` (a client started while the broker is
+down, a send that timed out waiting for metadata, a read that could not finish), or the producer
+is fenced while this holder's own claim is still the highest on ``.claims`` (the transaction
+coordinator aborted a transaction left open across a long outage and bumped the producer epoch),
+the holder *restarts itself from the log*: it drops every piece of in-memory state, waits with
+backoff (after a fence at least ``FENCE_SETTLE_S``, so that a successor's claim is on the log),
+reads ``.claims`` (a higher claim than its own: it was replaced, :class:`Fenced`), starts
+a new transactional producer (``InitProducerId`` aborts whatever transaction of this id was still
+open, so nothing half-written can ever commit), and runs start-up again. It keeps its epoch and
+writes no new claim when its claim is still the latest and names the latest spec (a new epoch
+would make executors refuse its own pending requests as ``stale_epoch``); otherwise it claims
+anew. The resume then replays the committed merge log, exactly as a successor would: the aborted
+transaction's decisions are made again by the deterministic fold, outputs already on ``.out`` are
+checked byte for byte. Exactly-once rests on the transaction, never on the restart being clean.
+Restarts are counted (``HolderStats.broker_restarts``) and logged as ``broker unavailable`` at
+WARNING; three fences in a row without a committed transaction between them end the holder with
+:class:`Fenced`.
+
 Optionally (``HolderConfig.trim_every_s``) the holder also trims the workload's log by the spec's
 audit horizon every so often, with the same :func:`~workload_sdk._trim_io.trim_workload` that
 ``fx trim`` runs.
@@ -34,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import IllegalOperation, InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from broker_schema import (
     AcceptedRecord,
@@ -52,6 +73,7 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.client import make_consumer, make_producer
+from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import check_workload_topics, ensure_workload_topics
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import (
@@ -69,11 +91,16 @@ from workload_sdk._trim_io import trim_workload
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Fenced", "HolderConfig", "LeaseHolder", "NoSpec", "transactional_id_for"]
+__all__ = ["Fenced", "HolderConfig", "LeaseHolder", "NoSpec", "Replaced", "check_restart",
+           "rejoin_epoch", "transactional_id_for"]
 
 
 class Fenced(Exception):
     """The broker refused this holder's transaction: a newer holder claimed the workload."""
+
+
+class Replaced(Fenced):
+    """A restarting holder found a higher claim than its own on ``.claims``: it stays down."""
 
 
 class NoSpec(Exception):
@@ -121,11 +148,65 @@ class HolderStats:
     snapshots_skipped: int = 0
     #: Where this holder started reading ``.in``/``.resp``/``.out`` on resume.
     resumed_from: dict[str, int] = field(default_factory=dict)
+    #: In-process restarts from the log after a broker outage or a coordinator fence.
+    broker_restarts: int = 0
     #: Periodic trims run (``HolderConfig.trim_every_s``), and those that failed.
     trims: int = 0
     trims_failed: int = 0
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
+
+
+def check_restart(claims: list[ClaimRecord], *, epoch: int, holder_id: str,
+                  fenced: bool) -> None:
+    """May a holder that held ``epoch`` restart itself? Raises :class:`Replaced` when a higher
+    claim exists; after a fence (``fenced``) also unless the highest claim is its own: then the
+    fence came from the transaction coordinator (a transaction aborted on timeout), not from a
+    successor. A committed claim is unique per epoch (claims are written transactionally)."""
+    highest = max(claims, key=lambda c: c.epoch, default=None)
+    if highest is not None and highest.epoch > epoch:
+        raise Replaced(f"epoch {highest.epoch} was claimed by {highest.holder_id} after this "
+                       f"holder's epoch {epoch}")
+    if fenced and (highest is None or (highest.epoch, highest.holder_id) != (epoch, holder_id)):
+        raise Replaced(f"fenced at epoch {epoch}, and the latest claim is not this holder's")
+
+
+def rejoin_epoch(claims: list[ClaimRecord], *, epoch: int, holder_id: str,
+                 spec_offset: int) -> int | None:
+    """The epoch a restarting holder keeps: ``epoch`` when the highest claim on ``.claims`` is
+    its own (same epoch, same holder) and names the latest spec (``spec_offset``); None when it
+    must claim anew (its claim never committed, or the spec changed). Raises :class:`Replaced`
+    when a higher claim exists."""
+    check_restart(claims, epoch=epoch, holder_id=holder_id, fenced=False)
+    highest = max(claims, key=lambda c: c.epoch, default=None)
+    if (highest is not None and (highest.epoch, highest.holder_id) == (epoch, holder_id)
+            and highest.spec_offset == spec_offset):
+        return epoch
+    return None
+
+
+def _claims_of(view: Any) -> list[ClaimRecord]:
+    claims: list[ClaimRecord] = []
+    for rec in view:
+        try:
+            record = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(record, ClaimRecord):
+            claims.append(record)
+    return claims
+
+
+def _retrieve(fut: Any) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+#: Fences in a row (no transaction committed between them) after which a holder stops.
+MAX_FENCES_IN_A_ROW = 3
+#: How long a fenced holder waits before it reads ``.claims`` to learn whether a successor fenced
+#: it (a successor claims within moments of its InitProducerId).
+FENCE_SETTLE_S = 2.0
 
 
 @dataclass
@@ -166,7 +247,7 @@ class LeaseHolder:
         self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
 
     # -- start-up ------------------------------------------------------------------------------
-    async def _claim(self) -> None:
+    async def _claim(self, rejoin: int | None = None) -> None:
         cfg = self.config
         spec_view = await read_topic(cfg.bootstrap, topics.spec(cfg.workload_id))
         spec: tuple[int, SpecRecord] | None = None
@@ -186,15 +267,16 @@ class LeaseHolder:
         # the broker must not delete what the spec's audit horizon keeps
         await check_workload_topics(cfg.bootstrap, cfg.workload_id,
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
-        claims = await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id))
-        highest = 0
-        for rec in claims:
-            try:
-                record = decode(rec.value)
-            except DecodeError:
-                continue
-            if isinstance(record, ClaimRecord):
-                highest = max(highest, record.epoch)
+        claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
+        if rejoin is not None:
+            kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
+                                spec_offset=spec_offset)
+            if kept is not None:
+                self.epoch = kept
+                log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
+                         self.epoch, spec_offset)
+                return
+        highest = max((c.epoch for c in claims), default=0)
         self.epoch = highest + 1
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset)
@@ -246,11 +328,19 @@ class LeaseHolder:
                 for topic, value in items:
                     futures.append(await producer.send(topic, value=value, partition=0))
             metas = [await f for f in futures]
-        except (ProducerFenced, InvalidProducerEpoch) as exc:
+        except (ProducerFenced, InvalidProducerEpoch, IllegalOperation) as exc:
+            # IllegalOperation: the producer left the transaction by itself, which aiokafka does
+            # when the broker fenced it (from a send of an earlier transaction) or aborted it;
             # collect the sends' own errors so none is reported as "never retrieved"
             await asyncio.gather(*futures, return_exceptions=True)
             raise Fenced(f"epoch {self.epoch} of {self.config.workload_id} was fenced by the "
                          f"broker: {exc!r}") from exc
+        except (KafkaError, TimeoutError):
+            # the transaction did not commit (run() restarts from the log); the sends' futures
+            # may still be pending on a broker that is down: retrieve their errors when they come
+            for f in futures:
+                f.add_done_callback(_retrieve)
+            raise
         self.stats.transactions += 1
         out_topic = topics.out(self.config.workload_id)
         for meta in metas:
@@ -275,17 +365,78 @@ class LeaseHolder:
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Claim the workload, resume it, and merge until ``stop`` is set."""
-        cfg = self.config
+        """Claim the workload, resume it, and merge until ``stop`` is set; restart from the log
+        in this process after a broker outage (see the module docstring)."""
         stop = stop or asyncio.Event()
+        rejoin: int | None = None
+        attempt = fences = 0
+        fenced = False
+        while True:
+            transactions = self.stats.transactions
+            try:
+                await self._run_once(stop, rejoin, fenced=fenced)
+                return
+            except Replaced:
+                raise
+            except Fenced as exc:
+                fences = 1 if self.stats.transactions > transactions else fences + 1
+                if fences >= MAX_FENCES_IN_A_ROW:
+                    raise
+                reason: BaseException = exc
+                fenced = True
+            except (KafkaError, TimeoutError) as exc:
+                if isinstance(exc, KafkaError) and not broker_unavailable(exc):
+                    raise
+                reason = exc
+                fenced = False
+            if self.stats.transactions > transactions or self.ready.is_set():
+                attempt = 0  # it ran: the outage is new
+            attempt += 1
+            rejoin = self.epoch or None
+            self._forget()
+            self.stats.broker_restarts += 1
+            delay = backoff_s(attempt, cap_s=5.0)
+            if fenced:  # a successor writes its claim right after fencing: let it land first
+                delay = max(delay, FENCE_SETTLE_S)
+            log.warning("broker unavailable or transaction aborted (%r): restarting the holder "
+                        "of %s from the log in %.1f s (restart %d, epoch %s kept if still ours)",
+                        reason, self.config.workload_id, delay, self.stats.broker_restarts,
+                        rejoin)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+                return
+            except TimeoutError:
+                pass
+
+    def _forget(self) -> None:
+        """Drop every piece of in-memory state (a restart rebuilds it from the log)."""
+        self.ready.clear()
+        self.spec = None
+        self.core = None
+        self._requests = {}
+        self._written_outcomes = set()
+        self._now_resp_ms = None
+        self._clock = None
+        self._tick_inflight_since = None
+        self._producer = None
+        self._out_end = 0
+        self._skipped = {"in": deque(), "resp": deque()}
+
+    async def _run_once(self, stop: asyncio.Event, rejoin: int | None, *, fenced: bool) -> None:
+        cfg = self.config
         await ensure_workload_topics(cfg.bootstrap, cfg.workload_id)
+        if rejoin is not None:
+            # before a new producer fences whoever holds the transactional id now: a holder that
+            # claimed after this one is the rightful one
+            claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
+            check_restart(claims, epoch=rejoin, holder_id=cfg.holder_id, fenced=fenced)
         self._producer = make_producer(cfg.bootstrap,
                                        transactional_id=transactional_id_for(cfg.workload_id))
         await self._producer.start()
         consumer = None
         trimmer: asyncio.Task[None] | None = None
         try:
-            await self._claim()
+            await self._claim(rejoin)
             await self._resume()
             assert self.core is not None and self.spec is not None
             consumer = make_consumer(cfg.bootstrap)
@@ -306,8 +457,10 @@ class LeaseHolder:
             if consumer is not None:
                 await consumer.stop()
             try:
-                await self._producer.stop()
-            except KafkaError as exc:  # a fenced producer may fail to close cleanly
+                # bounded: stop() flushes, which waits for a broker that may be down; what it
+                # leaves unsent is of an aborted transaction (the next InitProducerId fences it)
+                await asyncio.wait_for(self._producer.stop(), timeout=10.0)
+            except (KafkaError, TimeoutError) as exc:  # a fenced producer may not close cleanly
                 log.debug("producer stop: %r", exc)
 
     async def _trim_loop(self, every_s: float, stop: asyncio.Event) -> None:
