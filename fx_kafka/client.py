@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from broker_schema.limits import BROKER_MESSAGE_MAX_BYTES
 from fx_kafka.errors import BrokerNotReadyError
+from fx_kafka.replication import ReplicationSettings
 
 __all__ = [
     "FRAME_CAP_BYTES",
@@ -103,23 +104,29 @@ async def create_topics(
     *,
     partitions: int = 1,
     compacted: bool = False,
-    replication_factor: int = 1,
+    replication: ReplicationSettings | None = None,
     configs: dict[str, str] | None = None,
 ) -> None:
     """Create ``names`` (idempotent: a topic that already exists is left as it is).
 
-    ``compacted`` sets ``cleanup.policy=compact``; ``configs`` adds topic configs.
-    Any other per-topic error raises the matching aiokafka exception.
+    Replication follows ``replication`` (default: :meth:`ReplicationSettings.from_env`, resolved
+    against the cluster's broker count: factor ``min(3, brokers)``, ``min.insync.replicas`` 2 from
+    3 replicas on, no unclean leader election). ``compacted`` sets ``cleanup.policy=compact``;
+    ``configs`` adds topic configs (and may override the replication ones). Any other per-topic
+    error raises the matching aiokafka exception.
     """
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return
-    topic_configs = dict(configs or {})
-    if compacted:
-        topic_configs["cleanup.policy"] = "compact"
+    settings = replication if replication is not None else ReplicationSettings.from_env()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         await admin.start()
+        brokers = len((await admin.describe_cluster())["brokers"])
+        replication_factor, _ = settings.resolve(brokers)
+        topic_configs = settings.topic_configs(brokers) | dict(configs or {})
+        if compacted:
+            topic_configs["cleanup.policy"] = "compact"
         resp = await admin.create_topics(
             [
                 NewTopic(

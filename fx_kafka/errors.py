@@ -11,6 +11,7 @@ __all__ = [
     "JavaNotFoundError",
     "NoBrokerError",
     "PortInUseError",
+    "ReplicationConfigError",
     "TopicConfigError",
 ]
 
@@ -90,3 +91,9 @@ class RetentionTooShortError(TopicConfigError):
         self.problems = list(problems)
         self.audit_horizon_ms = audit_horizon_ms
         super().__init__(message)
+
+
+class ReplicationConfigError(BrokerError):
+    """Replication settings (``FX_REPLICATION_FACTOR``, ``FX_MIN_INSYNC_REPLICAS``) that cannot
+    work on the cluster: a factor above the broker count, a min ISR above the factor, a bad
+    value."""

@@ -49,6 +49,7 @@ from fx_kafka.errors import (
     JavaNotFoundError,
     PortInUseError,
 )
+from fx_kafka.replication import default_for
 
 __all__ = [
     "DEFAULT_HEAP",
@@ -118,7 +119,7 @@ def render_server_properties(
         quorum = "controller.quorum.voters=" + ",".join(
             f"{nid}@{HOST}:{cport}" for nid, cport in sorted(voters.items())
         )
-        replication, min_isr = replication_for(len(voters))
+        replication, min_isr = default_for(len(voters))
     else:
         quorum = f"controller.quorum.bootstrap.servers={HOST}:{controller_port}"
         replication, min_isr = 1, 1
@@ -131,16 +132,6 @@ def render_server_properties(
         replication_factor=replication,
         min_isr=min_isr,
     )
-
-
-def replication_for(brokers: int) -> tuple[int, int]:
-    """``(replication factor, min.insync.replicas)`` for a cluster of ``brokers``: the factor is
-    ``min(3, brokers)``; the min ISR is 2 where there are 3 replicas (a write is on two disks
-    before it is acknowledged, and one node may be down), else 1."""
-    if brokers < 1:
-        raise ValueError("a cluster has at least one broker")
-    factor = min(3, brokers)
-    return factor, 2 if factor >= 3 else 1
 
 
 def pick_free_ports(n: int = 2, host: str = HOST) -> list[int]:
