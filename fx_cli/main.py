@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from fx_kafka.logs import quiet_client_logs
+
 #: Modules with a ``register(subparsers)`` function, in help order.
 _COMMAND_MODULES = (
     "fx_cli.schema",
@@ -48,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

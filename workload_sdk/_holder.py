@@ -269,8 +269,15 @@ class LeaseHolder:
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
         if rejoin is not None:
-            kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
-                                spec_offset=spec_offset)
+            try:
+                kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
+                                    spec_offset=spec_offset)
+            except Replaced as exc:
+                # A successor's claim committed between the check in _run_once and this
+                # holder's InitProducerId, which has fenced that successor for good: yielding
+                # now would leave no holder at all. Claim anew, as any successor would.
+                log.warning("%s; its producer is fenced by this one: claiming a new epoch", exc)
+                kept = None
             if kept is not None:
                 self.epoch = kept
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,

@@ -22,6 +22,7 @@ from typing import Any
 from broker_schema import InputRecord, SpecRecord, encode, topics
 from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
+from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
