@@ -13,10 +13,11 @@ from broker_schema._errors import (
     RecordTooLarge,
 )
 from broker_schema.canonical import canonical_json, content_hash, is_hash, sha256_hex
-from broker_schema.codec import RECORD_ADAPTER, decode, encode, record_hash
+from broker_schema.codec import RECORD_ADAPTER, decode, encode, json_depth, record_hash
 from broker_schema.limits import (
     BROKER_MESSAGE_MAX_BYTES,
     INLINE_MAX_BYTES,
+    MAX_JSON_DEPTH,
     MAX_RECORD_BYTES,
 )
 from broker_schema.records import (
@@ -52,6 +53,7 @@ from broker_schema.records import (
     StreamRef,
     TickRecord,
     Timing,
+    parse_effect_id,
 )
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "ERROR_RETRIABLE",
     "INFERENCE_KIND",
     "INLINE_MAX_BYTES",
+    "MAX_JSON_DEPTH",
     "MAX_RECORD_BYTES",
     "RECORD_ADAPTER",
     "RECORD_TYPES",
@@ -102,6 +105,8 @@ __all__ = [
     "decode",
     "encode",
     "is_hash",
+    "json_depth",
+    "parse_effect_id",
     "record_hash",
     "sha256_hex",
     "topics",

@@ -11,11 +11,14 @@ from typing import Literal, get_args
 DecodeCode = Literal[
     "oversize",  # the record is larger than MAX_RECORD_BYTES
     "not_json",  # not UTF-8 JSON at all (garbage bytes)
+    "too_deep",  # JSON nested deeper than MAX_JSON_DEPTH
     "not_object",  # valid JSON but not an object
     "unknown_kind",  # missing or unknown "kind"
     "unsupported_version",  # missing or unknown schema version "v"
     "invalid_record",  # a known kind and version whose fields do not validate
-    "not_canonical",  # valid, but the bytes are not the canonical encoding (strict mode)
+    "effect_id_mismatch",  # an effect_id that is not the one its header (or workload) spells
+    "not_canonical",  # valid, but the bytes are not the record's canonical encoding
+    "wrong_stream",  # a valid record of a kind that does not belong on the topic it was read from
 ]
 
 DECODE_CODES: tuple[str, ...] = get_args(DecodeCode)

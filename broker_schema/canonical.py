@@ -34,7 +34,7 @@ def canonical_json(value: Any) -> bytes:
     """
     try:
         return rfc8785.dumps(value)
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+    except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise EncodeError("not_canonicalizable", f"{type(exc).__name__}: {exc}") from exc
 
 

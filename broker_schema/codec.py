@@ -2,7 +2,9 @@
 
 ``encode`` returns the record's canonical bytes (RFC 8785) and refuses a record over the broker
 frame cap before any producer sees it. ``decode`` turns any bytes into a record or raises one
-:class:`DecodeError` with a stable code, and nothing else.
+:class:`DecodeError` with a stable code, and nothing else. A record's value *is* its canonical
+bytes: ``decode`` refuses any other spelling of a valid record (``not_canonical``) unless the
+caller asks for a lenient read with ``strict=False``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from broker_schema import topics
 from broker_schema._errors import DecodeError, EncodeError, RecordTooLarge
 from broker_schema.canonical import canonical_json, sha256_hex
-from broker_schema.limits import MAX_RECORD_BYTES
+from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record
 
 RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
@@ -24,7 +27,12 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The canonical bytes of ``record``; :class:`RecordTooLarge` if they exceed ``limit``."""
     if type(record) not in RECORD_TYPES.values():
         raise EncodeError("unknown_kind", f"{type(record).__name__} is not a record kind")
-    data = canonical_json(record.model_dump(mode="json"))
+    value = record.model_dump(mode="json")
+    depth = json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise EncodeError("too_deep", f"record nests {depth} levels deep, limit is "
+                          f"{MAX_JSON_DEPTH}")
+    data = canonical_json(value)
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
     return data
@@ -36,6 +44,27 @@ def record_hash(record: BaseModel) -> str:
 
 
 _SAFE = 2**53
+
+
+def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``value`` nests (a scalar is 0, ``{}`` and ``[]`` are 1); iterative, so any depth
+    is measured without recursion. Counting stops a level past ``stop``."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > stop:
+            return deepest
+        todo.extend((child, depth + 1) for child in children
+                    if isinstance(child, (dict, list, tuple)))
+    return deepest
 
 
 def _reject_constant(name: str) -> Any:
@@ -69,13 +98,18 @@ def _summarise(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False) -> Record:
+def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
+           topic: str | None = None) -> Record:
     """Decode one record value.
 
-    Raises :class:`DecodeError` with code ``oversize``, ``not_json``, ``not_object``,
-    ``unknown_kind``, ``unsupported_version`` or ``invalid_record``; with ``strict=True`` also
-    ``not_canonical`` when the bytes are valid but not the canonical encoding (a record that was
-    re-serialised on the way, so a signature over it would not check).
+    Raises :class:`DecodeError` with code ``oversize``, ``not_json``, ``too_deep`` (nested deeper
+    than ``MAX_JSON_DEPTH``), ``not_object``, ``unknown_kind``, ``unsupported_version``,
+    ``invalid_record`` or ``effect_id_mismatch`` (an ``effect_id`` field that is not the id its
+    header spells); ``not_canonical`` when the bytes are a valid record but not its canonical
+    encoding (a record re-serialised on the way: what was hashed or signed is not what was read),
+    unless ``strict=False``; and, given the ``topic`` the bytes were read from, ``wrong_stream``
+    for a kind that does not belong there (:func:`broker_schema.topics.kinds_on`), e.g. a claim
+    written to ``.out``.
     """
     if data is None:
         raise DecodeError("not_json", "record has no value (a tombstone?)")
@@ -87,8 +121,14 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False)
                          parse_int=_parse_int, parse_float=_parse_float)
     except _OutOfDomain as exc:
         raise DecodeError("invalid_record", str(exc)) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise DecodeError("too_deep", f"JSON nests deeper than {MAX_JSON_DEPTH} levels "
+                          "(deeper than the parser's own limit)") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError("not_json", f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    depth = json_depth(obj)
+    if depth > MAX_JSON_DEPTH:
+        raise DecodeError("too_deep", f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
     if not isinstance(obj, dict):
         raise DecodeError("not_object", f"top-level JSON is {type(obj).__name__}, not an object")
     kind = obj.get("kind")
@@ -100,14 +140,21 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False)
         raise DecodeError("unsupported_version", f"{kind} record has schema version "
                           f"{str(version)[:40]!r}; this decoder reads "
                           f"{sorted(SUPPORTED_VERSIONS[kind])}")
+    if topic is not None:
+        allowed = topics.kinds_on(topic)
+        if allowed is not None and kind not in allowed:
+            raise DecodeError("wrong_stream", f"a {kind} record does not belong on {topic[:249]} "
+                              f"(it holds {', '.join(sorted(allowed))})")
     try:
         record = RECORD_ADAPTER.validate_json(raw)
     except ValidationError as exc:
+        if any(err["type"] == "effect_id_mismatch" for err in exc.errors(include_url=False)):
+            raise DecodeError("effect_id_mismatch", f"{kind}: {_summarise(exc)}") from None
         raise DecodeError("invalid_record", f"{kind}: {_summarise(exc)}") from None
     except (ValueError, TypeError, RecursionError) as exc:  # defensive: never leak another type
         raise DecodeError("invalid_record", f"{kind}: {type(exc).__name__}: {exc}") from None
-    # Every number was checked to be within RFC 8785's exact domain while parsing, so the record
-    # can always be re-encoded; only strict mode pays for doing it.
+    # Every number was checked to be within RFC 8785's exact domain and the nesting depth bounded
+    # while parsing, so the record can always be re-encoded; a lenient read skips doing it.
     if strict:
         try:
             canonical = canonical_json(record.model_dump(mode="json"))
@@ -115,5 +162,5 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = False)
             raise DecodeError("invalid_record", f"{kind}: {exc.detail}") from None
         if canonical != raw:
             raise DecodeError("not_canonical", f"{kind} record is valid but not in canonical "
-                              "form")
+                              "form (RFC 8785, every field present)")
     return record

@@ -16,3 +16,7 @@ BROKER_MESSAGE_MAX_BYTES = MAX_RECORD_BYTES + 64 * 1024
 
 #: Longest workload id: topic names are at most 249 characters and ours add a prefix and suffix.
 MAX_WORKLOAD_ID_LEN = 200
+
+#: Deepest nesting of a record's JSON (the record object itself is depth 1). Deeper values are
+#: refused by decode (code ``too_deep``) and by encode, so every decoded record re-encodes.
+MAX_JSON_DEPTH = 64

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from broker_schema._errors import DecodeCode
 from broker_schema.canonical import HASH_PATTERN, canonical_json
@@ -188,7 +190,9 @@ class EffectHeader(_Model):
 
     @property
     def effect_id(self) -> str:
-        """``<workload>/<input_offset>/<index>@<epoch>``; shadows prefix ``shadow:<name>/``."""
+        """``<workload>/<input_offset>/<index>@<epoch>``; shadows prefix ``shadow:<name>/``.
+
+        The one place the effect id is spelled; :func:`parse_effect_id` reads it back."""
         base = f"{self.workload_id}/{self.input_offset}/{self.index}@{self.epoch}"
         return f"shadow:{self.shadow}/{base}" if self.shadow else base
 
@@ -196,6 +200,39 @@ class EffectHeader(_Model):
     def slot(self) -> tuple[int, int]:
         """``(input_offset, index)``: the output slot, written exactly once across fail-over."""
         return (self.input_offset, self.index)
+
+
+_EFFECT_ID_RE = re.compile(
+    r"^(?:shadow:(?P<shadow>[A-Za-z0-9][A-Za-z0-9_.-]*)/)?(?P<workload_id>[A-Za-z0-9][A-Za-z0-9_-]*)"
+    r"/(?P<input_offset>0|[1-9][0-9]*)/(?P<index>0|[1-9][0-9]*)@(?P<epoch>[1-9][0-9]*)$"
+)
+
+
+def parse_effect_id(effect_id: str) -> EffectHeader:
+    """The header an effect id spells (the inverse of :attr:`EffectHeader.effect_id`).
+
+    Raises ``ValueError`` for anything :attr:`EffectHeader.effect_id` would not have written
+    (leading zeros, signs, white space, out-of-range numbers, a bad workload or shadow name)."""
+    match = _EFFECT_ID_RE.fullmatch(effect_id) if len(effect_id) <= 512 else None
+    if match is None:
+        raise ValueError(f"{effect_id[:120]!r} is not an effect id "
+                         "(<workload>/<input_offset>/<index>@<epoch>)")
+    try:
+        header = EffectHeader(
+            workload_id=match["workload_id"], input_offset=int(match["input_offset"]),
+            index=int(match["index"]), epoch=int(match["epoch"]), shadow=match["shadow"])
+    except ValidationError as exc:
+        raise ValueError(f"{effect_id[:120]!r} is not an effect id: "
+                         f"{exc.errors(include_url=False)[0]['msg']}") from None
+    return header
+
+
+def _effect_id_mismatch(effect_id: str, header: EffectHeader) -> PydanticCustomError:
+    return PydanticCustomError(
+        "effect_id_mismatch",
+        "effect_id {effect_id} is not the id its header spells ({expected})",
+        {"effect_id": effect_id[:120], "expected": header.effect_id},
+    )
 
 
 class BindingSwitch(_Model):
@@ -355,6 +392,12 @@ class AcceptedRecord(_Model):
     lease_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
     accepted_us: Micros
 
+    @model_validator(mode="after")
+    def _check_effect_id(self) -> Self:
+        if self.effect_id != self.header.effect_id:
+            raise _effect_id_mismatch(self.effect_id, self.header)
+        return self
+
 
 class ResponseRecord(_Model):
     """An outcome on ``wl.<id>.resp``: from an executor, or ``timeout``/``unknown`` from the holder.
@@ -382,6 +425,8 @@ class ResponseRecord(_Model):
 
     @model_validator(mode="after")
     def _check_outcome(self) -> Self:
+        if self.effect_id != self.header.effect_id:
+            raise _effect_id_mismatch(self.effect_id, self.header)
         if (self.outcome == "error") != (self.error is not None):
             raise ValueError("error is required exactly when outcome is 'error'")
         if self.outcome != "ok" and self.output is not None:
@@ -416,6 +461,18 @@ class MergeEntry(_Model):
     def _check_reason(self) -> Self:
         if (self.action == "pass_over") != (self.reason is not None):
             raise ValueError("reason is required exactly when action is 'pass_over'")
+        if self.effect_id is not None:
+            try:
+                header = parse_effect_id(self.effect_id)
+            except ValueError as exc:
+                raise PydanticCustomError("effect_id_mismatch", "{detail}",
+                                          {"detail": str(exc)}) from None
+            if header.workload_id != self.workload_id:
+                raise PydanticCustomError(
+                    "effect_id_mismatch",
+                    "effect_id {effect_id} names workload {named}, not {workload_id}",
+                    {"effect_id": self.effect_id[:120], "named": header.workload_id,
+                     "workload_id": self.workload_id})
         return self
 
 

@@ -33,6 +33,21 @@ def _topic(workload_id: str, stream: str) -> str:
     return f"wl.{check_workload_id(workload_id)}.{stream}"
 
 
+def stream(workload_id: str, name: str) -> str:
+    """``wl.<id>.<name>`` for one of :data:`STREAMS` (``ValueError`` for any other name)."""
+    if name not in STREAMS:
+        raise ValueError(f"not a workload stream: {name!r} (one of {', '.join(STREAMS)})")
+    return _topic(workload_id, name)
+
+
+def out_pattern(workload_id: str | None = None) -> str:
+    """The regex an executor subscribes to: every workload's ``.out`` (:data:`OUT_PATTERN`), or
+    only ``workload_id``'s."""
+    if workload_id is None:
+        return OUT_PATTERN
+    return rf"^wl\.{re.escape(check_workload_id(workload_id))}\.out$"
+
+
 def inputs(workload_id: str) -> str:
     """``wl.<id>.in``: input records from producers (sensors, gateways)."""
     return _topic(workload_id, "in")
@@ -66,6 +81,32 @@ def merge(workload_id: str) -> str:
 def all_topics(workload_id: str) -> list[str]:
     """Every per-workload topic, in the order of :data:`STREAMS`."""
     return [_topic(workload_id, s) for s in STREAMS]
+
+
+#: Which record kinds belong on each workload stream (docs/records.md, "Topics").
+STREAM_KINDS: dict[str, frozenset[str]] = {
+    "in": frozenset({"input"}),
+    "spec": frozenset({"spec"}),
+    "claims": frozenset({"claim"}),
+    "out": frozenset({"output", "request"}),
+    "resp": frozenset({"accepted", "response", "tick"}),
+    "merge": frozenset({"merge", "snapshot"}),
+}
+#: Which record kinds belong on the system topics that hold records.
+SYSTEM_KINDS: dict[str, frozenset[str]] = {
+    FACTS: frozenset({"facts"}),
+    REJECTS: frozenset({"rejected"}),
+}
+
+
+def kinds_on(topic: str) -> frozenset[str] | None:
+    """The record kinds that belong on ``topic``; None when the topic is not one of ours."""
+    if topic in SYSTEM_KINDS:
+        return SYSTEM_KINDS[topic]
+    try:
+        return STREAM_KINDS[parse(topic)[1]]
+    except ValueError:
+        return None
 
 
 def parse(topic: str) -> tuple[str, str]:

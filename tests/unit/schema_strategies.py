@@ -79,10 +79,11 @@ def responses(draw: st.DrawFn) -> bs.ResponseRecord:
 @st.composite
 def merges(draw: st.DrawFn) -> bs.MergeEntry:
     action = draw(st.sampled_from(["deliver", "pass_over"]))
+    workload_id = draw(workload_ids)
     return bs.MergeEntry(
-        workload_id=draw(workload_ids), seq=draw(offsets), epoch=draw(epochs),
+        workload_id=workload_id, seq=draw(offsets), epoch=draw(epochs),
         source=draw(st.sampled_from(["in", "resp"])), source_offset=draw(offsets),
-        effect_id=draw(st.none() | st.just("w/1/0@1")), action=action,
+        effect_id=draw(st.none() | st.just(f"{workload_id}/1/0@1")), action=action,
         reason=draw(st.sampled_from(["duplicate", "after_outcome", "unknown_effect"]))
         if action == "pass_over" else None,
     )

@@ -111,13 +111,21 @@ def test_bad_bytes_have_stable_codes(data: bytes, code: str) -> None:
     assert info.value.retriable is False
 
 
-def test_non_canonical_is_flagged_in_strict_mode_only() -> None:
+def test_non_canonical_bytes_are_refused_unless_read_leniently() -> None:
     claim = bs.ClaimRecord(workload_id="w", epoch=1, holder_id="h", spec_hash=H, spec_offset=0)
     loose = json.dumps(claim.model_dump(mode="json"), indent=1).encode()
-    assert bs.decode(loose) == claim
-    with pytest.raises(bs.DecodeError) as info:
-        bs.decode(loose, strict=True)
-    assert info.value.code == "not_canonical"
+    unsorted = json.dumps(dict(reversed(claim.model_dump(mode="json").items())),
+                          separators=(",", ":")).encode()
+    resp = bs.ResponseRecord(effect_id=_header().effect_id, header=_header(), request_offset=1,
+                             outcome="timeout", written_by="h")
+    omitted = {k: v for k, v in resp.model_dump(mode="json").items() if v is not None}
+    sparse = bs.canonical_json(omitted)  # canonical JSON, but not every field present
+    for raw, record in ((loose, claim), (unsorted, claim), (sparse, resp)):
+        with pytest.raises(bs.DecodeError) as info:
+            bs.decode(raw)
+        assert info.value.code == "not_canonical"
+        assert bs.decode(raw, strict=False) == record
+    assert bs.decode(bs.encode(claim)) == claim
 
 
 def test_inline_limit_and_oversize_record_refused_before_send() -> None:
@@ -224,9 +232,9 @@ def test_docs_record_examples_are_canonical_records() -> None:
 @given(records)
 @settings(max_examples=150, deadline=None)
 def test_every_decoded_record_re_encodes(record: Any) -> None:
-    """decode() without strict mode still returns only records encode() accepts."""
+    """A lenient decode still returns only records encode() accepts."""
     loose = json.dumps(record.model_dump(mode="json")).encode()
-    assert bs.encode(bs.decode(loose)) == bs.encode(record)
+    assert bs.encode(bs.decode(loose, strict=False)) == bs.encode(record)
 
 
 @pytest.mark.parametrize("number", [b"9007199254740992", b"-9007199254740993", b"1e300",
@@ -238,3 +246,121 @@ def test_numbers_outside_the_exact_domain_are_refused(number: bytes) -> None:
     with pytest.raises(bs.DecodeError) as info:
         bs.decode(data)
     assert info.value.code == "invalid_record"
+
+
+# ------------------------------------------------------------------- effect id, depth, streams
+
+
+def _accepted(effect_id: str, **header: Any) -> bytes:
+    rec = bs.AcceptedRecord.model_construct(
+        effect_id=effect_id, header=_header(**header), request_offset=1, node_id="n",
+        lease_ms=10, accepted_us=0, kind="accepted", v=1)
+    return bs.canonical_json(rec.model_dump(mode="json"))
+
+
+def _response(effect_id: str, **header: Any) -> bytes:
+    rec = bs.ResponseRecord.model_construct(
+        effect_id=effect_id, header=_header(**header), request_offset=1, outcome="timeout",
+        error=None, output=None, model_hash=None, executor=None, timing=None,
+        written_by="h", receipt=None, signature=None, kind="response", v=1)
+    return bs.canonical_json(rec.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("make", [_accepted, _response])
+@pytest.mark.parametrize("effect_id", [
+    "cam-1/7/0@4", "cam-1/8/0@3", "cam-1/7/1@3", "cam-2/7/0@3", "shadow:e/cam-1/7/0@3",
+    "cam-1/07/0@3", "", "cam-1/7/0@3 ",
+])
+def test_an_effect_id_that_its_header_does_not_spell_is_refused(
+        make: Any, effect_id: str) -> None:
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(make(effect_id))
+    assert info.value.code == "effect_id_mismatch"
+    assert bs.decode(make("cam-1/7/0@3")).effect_id == "cam-1/7/0@3"  # type: ignore[union-attr]
+    shadowed = make("shadow:e/cam-1/7/0@3", shadow="e")
+    assert bs.decode(shadowed).effect_id == "shadow:e/cam-1/7/0@3"  # type: ignore[union-attr]
+    # and constructing one in code fails the same way
+    with pytest.raises(ValueError, match="effect_id"):
+        bs.AcceptedRecord(effect_id=effect_id, header=_header(), request_offset=1, node_id="n",
+                          lease_ms=10, accepted_us=0)
+
+
+def test_a_merge_entry_effect_id_must_be_one_of_its_workload() -> None:
+    def merge(effect_id: str | None) -> bytes:
+        return bs.canonical_json({"kind": "merge", "v": 1, "workload_id": "cam-1", "seq": 1,
+                                  "epoch": 1, "source": "resp", "source_offset": 0,
+                                  "effect_id": effect_id, "action": "deliver", "reason": None})
+    assert bs.decode(merge("cam-1/0/0@1")).effect_id == "cam-1/0/0@1"  # type: ignore[union-attr]
+    assert bs.decode(merge("shadow:x/cam-1/0/0@1"))
+    assert bs.decode(merge(None))
+    for bad in ("cam-2/0/0@1", "cam-1/0/0", "cam-1/-1/0@1", "nonsense"):
+        with pytest.raises(bs.DecodeError) as info:
+            bs.decode(merge(bad))
+        assert info.value.code == "effect_id_mismatch", bad
+
+
+def test_parse_effect_id_is_the_inverse_of_the_header_spelling() -> None:
+    for header in (_header(), _header(shadow="eval-1"), _header(input_offset=2**53 - 1)):
+        assert bs.parse_effect_id(header.effect_id) == header
+    for bad in ("cam-1/7/0@0", "cam-1/+7/0@3", "cam 1/7/0@3", "cam-1/7/0@3/", "a/1/2147483648@1",
+                "x" * 600):
+        with pytest.raises(ValueError):
+            bs.parse_effect_id(bad)
+
+
+@pytest.mark.parametrize("depth", [bs.MAX_JSON_DEPTH + 1, 500, 5_000, 400_000])
+def test_deeply_nested_json_has_its_own_code(depth: int) -> None:
+    body = b"[" * depth + b"]" * depth
+    data = (b'{"body":{"data":' + body + b',"encoding":"json","media_type":null,"type":"inline"},'
+            b'"kind":"input","source":null,"v":1,"workload_id":"a"}')
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(data[:bs.MAX_RECORD_BYTES] if len(data) > bs.MAX_RECORD_BYTES else data)
+    assert info.value.code == "too_deep"
+    with pytest.raises(bs.DecodeError) as info:  # a bare nested array: too deep before anything
+        bs.decode(body)
+    assert info.value.code == "too_deep"
+
+
+def test_nesting_up_to_the_limit_round_trips_and_deeper_is_not_encoded() -> None:
+    value: Any = 1
+    for _ in range(bs.MAX_JSON_DEPTH - 2):  # the record and its body take two levels
+        value = [value]
+    rec = bs.InputRecord(workload_id="a", body=bs.InlineBody.of_json(value))
+    assert bs.json_depth(rec.model_dump(mode="json")) == bs.MAX_JSON_DEPTH
+    assert bs.decode(bs.encode(rec)) == rec
+    deeper = bs.InputRecord(workload_id="a", body=bs.InlineBody.of_json([value]))
+    with pytest.raises(bs.EncodeError) as info:
+        bs.encode(deeper)
+    assert info.value.code == "too_deep"
+
+
+@pytest.mark.parametrize(("topic", "allowed"), [
+    ("wl.cam-1.out", {"output", "request"}), ("wl.cam-1.resp", {"accepted", "response", "tick"}),
+    ("wl.cam-1.in", {"input"}), ("wl.cam-1.claims", {"claim"}), ("wl.cam-1.spec", {"spec"}),
+    ("wl.cam-1.merge", {"merge", "snapshot"}), (topics.FACTS, {"facts"}),
+    (topics.REJECTS, {"rejected"}),
+])
+def test_a_kind_read_from_a_stream_it_does_not_belong_on_is_wrong_stream(
+        topic: str, allowed: set[str]) -> None:
+    assert topics.kinds_on(topic) == frozenset(allowed)
+    claim = bs.encode(bs.ClaimRecord(workload_id="cam-1", epoch=1, holder_id="h", spec_hash=H,
+                                     spec_offset=0))
+    if "claim" in allowed:
+        assert bs.decode(claim, topic=topic)
+    else:
+        with pytest.raises(bs.DecodeError) as info:
+            bs.decode(claim, topic=topic)
+        assert info.value.code == "wrong_stream"
+        assert "claim" in info.value.detail
+    assert bs.decode(claim, topic="some.other.topic")  # not ours: no opinion
+    assert topics.kinds_on("sys.chunks") is None
+
+
+def test_topic_builders() -> None:
+    assert topics.stream("cam-1", "merge") == topics.merge("cam-1")
+    with pytest.raises(ValueError):
+        topics.stream("cam-1", "bogus")
+    assert topics.out_pattern() == topics.OUT_PATTERN
+    import re
+    assert re.fullmatch(topics.out_pattern("cam-1"), "wl.cam-1.out")
+    assert not re.fullmatch(topics.out_pattern("cam-1"), "wl.cam-10.out")
