@@ -3,8 +3,10 @@
 Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscribed by pattern to
 ``wl.*.out`` (narrowed by ``topic_pattern``). For every record read:
 
-1. decode it; an undecodable record is counted (``fx_executor_rejected_records_total{code}``),
-   logged with topic/partition/offset, written to ``sys.rejects`` and passed;
+1. decode it; an undecodable record, or one of a kind that does not belong on ``.out``
+   (``wrong_stream``: a claim, a response...), is counted
+   (``fx_executor_rejected_records_total{code}``), logged with topic/partition/offset, written to
+   ``sys.rejects`` and passed;
 2. catch up on the workload's ``.claims`` and ``.spec`` (a side consumer reads both up to their end
    offsets at reading time), check the model store, and ask :func:`executor.core.decide`;
 3. refusals and backpressure: one signed ``response``; admitted: ``accepted`` (acks=all), then the
@@ -715,7 +717,9 @@ class ExecutorService:
         key = (tp.topic, tp.partition)
         tracker.track(key, msg.offset)
         try:
-            record = decode(msg.value)
+            # topic: a record of a kind that does not belong on .out (a claim, a response...) is
+            # refused as ``wrong_stream``, recorded and counted like an undecodable one
+            record = decode(msg.value, topic=msg.topic)
         except DecodeError as exc:
             if kind == self._reject_kind:
                 await self._reject(msg, exc.code, exc.detail)

@@ -136,6 +136,25 @@ async def test_plain_output_on_out_is_ignored_and_settled(tmp_path: Path) -> Non
     assert 'fx_executor_ignored_total{reason="not_a_request"} 1.0' in svc.metrics_text().decode()
 
 
+async def test_a_record_that_does_not_belong_on_out_is_rejected_visibly(tmp_path: Path) -> None:
+    """A claim (or a response, a spec...) written to .out is neither dropped silently nor acted
+    on: it is recorded on sys.rejects as ``wrong_stream``, counted, and its offset settled."""
+    from broker_schema.records import RejectedRecord
+
+    svc, producer = await _service(tmp_path)
+    stray = [encode(claim(WL, 9)), encode(spec(WL, {}))]
+    for offset, value in enumerate(stray):
+        await _handle(svc, value, offset)
+    rejects = [decode(v) for t, v in producer.sent if t == topics.REJECTS]
+    assert [type(r) for r in rejects] == [RejectedRecord, RejectedRecord]
+    assert all(isinstance(r, RejectedRecord) and r.code == "wrong_stream"
+               and r.topic == topics.out(WL) for r in rejects)
+    assert not svc.state.in_flight and svc.state.workload(WL).highest_epoch != 9
+    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 2}
+    metrics = svc.metrics_text().decode()
+    assert 'fx_executor_rejected_records_total{code="wrong_stream"} 2.0' in metrics
+
+
 def _store_file(store: ModelStore, data: bytes) -> str:
     src = store.root.parent / "model.bin"
     src.write_bytes(data)
