@@ -3,7 +3,7 @@
 This package does no I/O and imports nothing else of the project.
 """
 
-from broker_schema import topics
+from broker_schema import signatures, topics
 from broker_schema._errors import (
     DECODE_CODES,
     DecodeCode,
@@ -12,7 +12,14 @@ from broker_schema._errors import (
     RecordError,
     RecordTooLarge,
 )
-from broker_schema.canonical import canonical_json, content_hash, is_hash, sha256_hex
+from broker_schema.canonical import (
+    canonical_json,
+    content_hash,
+    hash_from_hex,
+    hex_of_hash,
+    is_hash,
+    sha256_hex,
+)
 from broker_schema.codec import RECORD_ADAPTER, decode, encode, json_depth, record_hash
 from broker_schema.limits import (
     BROKER_MESSAGE_MAX_BYTES,
@@ -104,10 +111,13 @@ __all__ = [
     "content_hash",
     "decode",
     "encode",
+    "hash_from_hex",
+    "hex_of_hash",
     "is_hash",
     "json_depth",
     "parse_effect_id",
     "record_hash",
     "sha256_hex",
+    "signatures",
     "topics",
 ]

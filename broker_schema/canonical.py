@@ -43,6 +43,26 @@ def sha256_hex(data: bytes) -> str:
     return HASH_PREFIX + hashlib.sha256(data).hexdigest()
 
 
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hash_from_hex(hexdigest: str) -> str:
+    """``sha256:<hexdigest>`` for a 64-character lowercase hex digest (``ValueError`` for
+    anything else): for digests computed elsewhere (a file hashed in blocks, the integer engine's
+    bare-hex modelHash)."""
+    if not _HEX_RE.fullmatch(hexdigest):
+        raise ValueError(f"not a sha256 hex digest: {hexdigest[:80]!r}")
+    return HASH_PREFIX + hexdigest
+
+
+def hex_of_hash(content_hash: str) -> str:
+    """The 64 hex digits of a ``sha256:<hex>`` reference (``ValueError`` if it is not one): for
+    file names and the integer engine's bare-hex modelHash."""
+    if not HASH_RE.fullmatch(content_hash):
+        raise ValueError(f"not a sha256:<hex> reference: {content_hash[:80]!r}")
+    return content_hash[len(HASH_PREFIX):]
+
+
 def content_hash(value: Any) -> str:
     """``sha256:<hex>`` of the canonical bytes of a JSON-compatible value."""
     return sha256_hex(canonical_json(value))

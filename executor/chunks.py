@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker_schema import topics
-from broker_schema.canonical import is_hash, sha256_hex
+from broker_schema.canonical import hex_of_hash, is_hash, sha256_hex
 from broker_schema.records import ChunkRef
 from executor.errors import OutcomeError
 
@@ -75,7 +75,7 @@ class FsChunkStore:
         """The file of ``chunk_hash``."""
         if not is_hash(chunk_hash):
             raise OutcomeError("input_missing", f"not a chunk hash: {chunk_hash!r}")
-        return self.root / "sha256" / chunk_hash.removeprefix("sha256:")
+        return self.root / "sha256" / hex_of_hash(chunk_hash)
 
     def get_sync(self, ref: ChunkRef) -> bytes:
         """Blocking :meth:`get`."""

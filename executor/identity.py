@@ -1,24 +1,24 @@
 """Node identity: an Ed25519 key per executor node, and response signatures.
 
 The key is created on first start and kept on disk (PKCS#8 PEM, mode 0600, its directory 0700).
-``key_id`` is ``sha256:<hex>`` of the raw 32-byte public key. A response is signed over
+``key_id`` is ``sha256:<hex>`` of the raw 32-byte public key, published as its base64 (the one key
+encoding: :mod:`broker_schema.signatures`). A response is signed over
 :meth:`broker_schema.ResponseRecord.signing_bytes` (its canonical bytes with ``signature`` null);
-:func:`verify_response` checks a response against a public key and needs nothing else of the
-executor, so any reader (an auditor, the lease holder, ``fx why``) can use it.
+:func:`verify_response` checks a response against a public key with
+:func:`broker_schema.signatures.response_signature_problem`, the same check ``fx why`` and
+``fx verify`` make.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import os
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from broker_schema.canonical import sha256_hex
+from broker_schema import signatures
 from broker_schema.records import ResponseRecord, Signature
 
 __all__ = ["NodeIdentity", "key_id_of", "public_key_from_b64", "verify_response"]
@@ -26,7 +26,7 @@ __all__ = ["NodeIdentity", "key_id_of", "public_key_from_b64", "verify_response"
 
 def key_id_of(public_key: Ed25519PublicKey) -> str:
     """``sha256:<hex>`` of the raw 32-byte public key."""
-    return sha256_hex(_raw(public_key))
+    return signatures.key_id(_raw(public_key))
 
 
 def _raw(public_key: Ed25519PublicKey) -> bytes:
@@ -34,8 +34,8 @@ def _raw(public_key: Ed25519PublicKey) -> bytes:
 
 
 def public_key_from_b64(text: str) -> Ed25519PublicKey:
-    """The public key from its base64 raw form (as published in ``FactsRecord.public_key``)."""
-    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    """The public key from its published form (``FactsRecord.public_key``)."""
+    return Ed25519PublicKey.from_public_bytes(signatures.public_key_from_text(text))
 
 
 class NodeIdentity:
@@ -45,7 +45,7 @@ class NodeIdentity:
         self._key = private_key
         self.public_key = private_key.public_key()
         #: base64 of the raw public key (``FactsRecord.public_key``).
-        self.public_key_b64 = base64.b64encode(_raw(self.public_key)).decode("ascii")
+        self.public_key_b64 = signatures.public_key_text(_raw(self.public_key))
         self.key_id = key_id_of(self.public_key)
 
     @property
@@ -104,21 +104,15 @@ def verify_response(
     response: ResponseRecord, public_key: Ed25519PublicKey | bytes | str
 ) -> bool:
     """True when ``response`` carries a valid signature by ``public_key`` (an
-    ``Ed25519PublicKey``, its 32 raw bytes, or their base64) and names that key's id."""
-    try:
-        if isinstance(public_key, str):
-            key = public_key_from_b64(public_key)
-        elif isinstance(public_key, bytes):
-            key = Ed25519PublicKey.from_public_bytes(public_key)
-        else:
-            key = public_key
-    except (ValueError, binascii.Error):
-        return False
-    sig = response.signature
-    if sig is None or sig.key_id != key_id_of(key):
-        return False
-    try:
-        key.verify(base64.b64decode(sig.value, validate=True), response.signing_bytes())
-    except (InvalidSignature, ValueError, binascii.Error):
-        return False
-    return True
+    ``Ed25519PublicKey``, its 32 raw bytes, or their published text form) and names that key's
+    id (:func:`broker_schema.signatures.response_signature_problem`)."""
+    if isinstance(public_key, str):
+        try:
+            raw = signatures.public_key_from_text(public_key)
+        except ValueError:
+            return False
+    elif isinstance(public_key, bytes):
+        raw = public_key
+    else:
+        raw = _raw(public_key)
+    return signatures.response_signature_problem(response, raw) is None

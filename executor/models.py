@@ -34,7 +34,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from broker_schema.canonical import HASH_PATTERN, content_hash, is_hash
+from broker_schema.canonical import (
+    HASH_PATTERN,
+    HASH_PREFIX,
+    content_hash,
+    hash_from_hex,
+    hex_of_hash,
+    is_hash,
+    sha256_hex,
+)
 from executor.errors import ModelError
 
 __all__ = [
@@ -104,7 +112,7 @@ def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         while block := f.read(_BUF):
             h.update(block)
-    return "sha256:" + h.hexdigest()
+    return hash_from_hex(h.hexdigest())
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ class ModelStore:
         """Where the file for ``model_hash`` lives (whether or not it exists)."""
         if not is_hash(model_hash):
             raise ModelError("model_unknown", f"not a model hash: {model_hash!r}")
-        return self._dir / model_hash.removeprefix("sha256:")
+        return self._dir / hex_of_hash(model_hash)
 
     def manifest(self, model_hash: str) -> ModelManifest:
         """The manifest of ``model_hash``; ``model_unknown`` if there is none, or if the file
@@ -157,9 +165,9 @@ class ModelStore:
         if not self._dir.is_dir():
             return []
         return sorted(
-            "sha256:" + p.name
+            hash_from_hex(p.name)
             for p in self._dir.iterdir()
-            if len(p.name) == 64 and p.with_suffix(".json").exists()
+            if is_hash(f"{HASH_PREFIX}{p.name}") and p.with_suffix(".json").exists()
         )
 
     def list(self) -> list[ModelManifest]:
@@ -208,7 +216,7 @@ class ModelStore:
             data = path.read_bytes()
         except FileNotFoundError:
             raise ModelError("model_unknown", f"no model {model_hash} in {self.root}") from None
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        actual = sha256_hex(data)
         if actual != model_hash:
             raise ModelError(
                 "model_hash_mismatch", f"{path} hashes to {actual}, not {model_hash}"
@@ -239,7 +247,7 @@ class ModelStore:
                     dst.write(block)
                 dst.flush()
                 os.fsync(dst.fileno())
-            model_hash = "sha256:" + h.hexdigest()
+            model_hash = hash_from_hex(h.hexdigest())
             manifest = ModelManifest.model_validate(
                 {**manifest_fields, "hash": model_hash, "size": size}
             )

@@ -30,14 +30,12 @@ the only part that talks to the broker.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_schema import DecodeError, decode, topics
+from broker_schema import DecodeError, decode, hash_from_hex, signatures, topics
 from broker_schema.records import (
     EffectRequest,
     FactsRecord,
@@ -228,9 +226,10 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
 
 # ------------------------------------------------------------------------------ checks
 def _raw_key_hex(facts: FactsRecord) -> str | None:
+    """The node key in the receipts' spelling (hex of the same raw 32 bytes)."""
     try:
-        return base64.b64decode(facts.public_key, validate=True).hex()
-    except (ValueError, binascii.Error):
+        return signatures.public_key_from_text(facts.public_key).hex()
+    except ValueError:
         return None
 
 
@@ -400,9 +399,13 @@ def verify_records(
                                  f"response's writer {resp.written_by!r}")
         # 3. the record's model hash; the artifact it names
         model_hex = str(receipt.get("model_hash", ""))
-        if resp.model_hash != "sha256:" + model_hex:
+        try:
+            receipt_model: str | None = hash_from_hex(model_hex)
+        except ValueError:
+            receipt_model = None
+        if receipt_model is None or resp.model_hash != receipt_model:
             check.reasons.append(f"response model_hash {resp.model_hash} != receipt model_hash "
-                                 f"sha256:{model_hex}")
+                                 f"{receipt_model or repr(model_hex[:80])}")
         found_art = resolve(model_hex)
         if found_art.path is None:
             missing = (f"no committed artifact with modelHash {model_hex} "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import subprocess
 import sys
 import tempfile
@@ -136,7 +135,7 @@ def _write_executor_config(path: Path, bootstrap: str, wid: str, store: Path, no
     """An executor config that serves only workload ``wid`` (quick group and metadata timing)."""
     config: dict[str, Any] = {
         "node_id": node_id, "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-demo-{wid}",
+        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-demo-{wid}",
         "model_dir": str(store), "key_file": str(path.with_suffix(".key")),
         "chunk_dir": str(path.parent / "chunks"), "http_port": None,
         "metadata_max_age_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 500,

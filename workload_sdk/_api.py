@@ -12,7 +12,6 @@ effect kind the spec binds.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import sys
@@ -31,6 +30,7 @@ from broker_schema import (
     StreamRef,
     canonical_json,
     content_hash,
+    sha256_hex,
 )
 
 #: A workload state: any JSON value (dicts, lists, str, int, float, bool, None).
@@ -295,5 +295,5 @@ def module_hash(workload: Workload | type[Workload]) -> str:
     else:
         with open(path, "rb") as fh:
             source = fh.read()
-    return "sha256:" + hashlib.sha256(source).hexdigest()
+    return sha256_hex(source)
 

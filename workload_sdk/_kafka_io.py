@@ -76,7 +76,7 @@ async def read_workload_log(bootstrap: str, workload_id: str, *,
     log = WorkloadLog.empty(workload_id)
     wanted = list(streams)
     views = await asyncio.gather(
-        *(read_topic(bootstrap, f"wl.{workload_id}.{s}") for s in wanted)
+        *(read_topic(bootstrap, topics.stream(workload_id, s)) for s in wanted)
     )
     for stream, view in zip(wanted, views, strict=True):
         log.views[stream] = view
@@ -116,14 +116,14 @@ async def read_resume_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog
     log = WorkloadLog.empty(workload_id)
     full = ("spec", "claims", "merge")
     views = await asyncio.gather(
-        *(read_topic(bootstrap, f"wl.{workload_id}.{s}") for s in full)
+        *(read_topic(bootstrap, topics.stream(workload_id, s)) for s in full)
     )
     for stream, view in zip(full, views, strict=True):
         log.views[stream] = view
     positions = resume_positions(log["merge"])
     tail = ("in", "resp", "out")
     views = await asyncio.gather(
-        *(read_topic(bootstrap, f"wl.{workload_id}.{s}", start=positions[s]) for s in tail)
+        *(read_topic(bootstrap, topics.stream(workload_id, s), start=positions[s]) for s in tail)
     )
     for stream, view in zip(tail, views, strict=True):
         log.views[stream] = view

@@ -25,19 +25,16 @@ __all__ = ["delete_below", "horizon_offsets", "read_trim_log", "trim_workload"]
 log = logging.getLogger(__name__)
 
 
-def _topic(workload_id: str, stream: str) -> str:
-    return f"wl.{topics.check_workload_id(workload_id)}.{stream}"
-
-
 async def read_trim_log(bootstrap: str, workload_id: str) -> WorkloadLog:
     """``.spec``, ``.merge``, ``.resp`` and ``.out`` from their log starts, and ``.in``'s start
     and end offsets only (no ``.in`` record names another, so plan_trim needs none)."""
     wl = WorkloadLog.empty(workload_id)
     full = ("spec", "merge", "resp", "out")
-    views = await asyncio.gather(*(read_topic(bootstrap, _topic(workload_id, s)) for s in full))
+    views = await asyncio.gather(
+        *(read_topic(bootstrap, topics.stream(workload_id, s)) for s in full))
     for stream, view in zip(full, views, strict=True):
         wl.views[stream] = view
-    in_topic = _topic(workload_id, "in")
+    in_topic = topics.stream(workload_id, "in")
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
@@ -56,7 +53,7 @@ async def horizon_offsets(bootstrap: str, workload_id: str, cutoff_ms: int) -> d
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
-        tps = {s: TopicPartition(_topic(workload_id, s), 0) for s in TRIMMED}
+        tps = {s: TopicPartition(topics.stream(workload_id, s), 0) for s in TRIMMED}
         found = await consumer.offsets_for_times({tp: cutoff_ms for tp in tps.values()})
         ends = await consumer.end_offsets(list(tps.values()))
     finally:

@@ -9,18 +9,7 @@ and the snapshot before the earliest step of the walk. Pure: reads a :class:`Wor
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 from typing import Any
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    PublicFormat,
-    load_der_public_key,
-)
 
 from broker_schema import (
     EffectRequest,
@@ -32,6 +21,7 @@ from broker_schema import (
     ResponseRecord,
     SnapshotRecord,
     sha256_hex,
+    signatures,
 )
 from workload_sdk._logview import LogGap, WorkloadLog
 
@@ -68,21 +58,19 @@ def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str
     failures: list[str] = []
     for fact in reversed(own):  # latest first
         try:
-            published_bytes = base64.b64decode(fact.public_key, validate=True)
-            key = (Ed25519PublicKey.from_public_bytes(published_bytes)
-                   if len(published_bytes) == 32 else load_der_public_key(published_bytes))
-            if not isinstance(key, Ed25519PublicKey):
-                raise ValueError("the published key is not an Ed25519 key")
-            raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-            if sha256_hex(raw) != sig.key_id:
-                raise ValueError(f"the published key hashes to {sha256_hex(raw)}, not to its "
-                                 "key_id")
-            key.verify(base64.b64decode(sig.value, validate=True), resp.signing_bytes())
-        except InvalidSignature:
-            failures.append("the signature does not verify with the published key")
-            continue
-        except (ValueError, binascii.Error, UnsupportedAlgorithm) as exc:
+            raw = signatures.public_key_from_text(fact.public_key)
+        except ValueError as exc:
             failures.append(f"unusable key or signature: {exc}")
+            continue
+        if signatures.key_id(raw) != sig.key_id:
+            failures.append(f"unusable key or signature: the published key hashes to "
+                            f"{signatures.key_id(raw)}, not to its key_id")
+            continue
+        problem = signatures.response_signature_problem(resp, raw)
+        if problem is not None:
+            failures.append("the signature does not verify with the published key"
+                            if problem.startswith("the signature does not verify") else
+                            f"unusable key or signature: {problem}")
             continue
         out.update(valid=True, reason="verified with the key published on sys.facts",
                    facts_node=fact.node_id)
@@ -95,7 +83,7 @@ def _body(body: Any) -> dict[str, Any]:
     data: dict[str, Any] = body.model_dump(mode="json")
     if isinstance(body, InlineBody):
         raw = body.raw()
-        data["bytes_sha256"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+        data["bytes_sha256"] = sha256_hex(raw)
         data["size"] = len(raw)
     return data
 

@@ -272,7 +272,7 @@ def render_trim(plan: TrimPlan, *, dry_run: bool) -> str:
         lines.append(f"  {trim.topic}: start {trim.start} -> {new} (end {trim.end}; {change}; "
                      f"bound: {trim.bound})")
     for stream in NEVER_TRIMMED:
-        lines.append(f"  wl.{plan.workload_id}.{stream}: never trimmed")
+        lines.append(f"  {topics.stream(plan.workload_id, stream)}: never trimmed")
     if plan.note:
         lines.append(plan.note)
     if dry_run:

@@ -44,6 +44,7 @@ from typing import Any, Final
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import JsonValue
 
+from broker_schema.canonical import hash_from_hex, hex_of_hash
 from executor.engines import EngineOptions, EngineResult
 from executor.errors import EngineError
 from executor.integer import engine as int_engine
@@ -283,7 +284,7 @@ class IntegerEngineAdapter:
                 return
         if manifest.engine != ENGINE:
             raise EngineError("engine_error", f"{manifest.hash} is a {manifest.engine!r} model")
-        want = manifest.hash.removeprefix("sha256:")
+        want = hex_of_hash(manifest.hash)
         try:
             eng = int_engine.IntegerEngine.from_bytes(
                 model_bytes, expected_model_hash=want, backend=self.backend, signer=self.signer)
@@ -292,7 +293,7 @@ class IntegerEngineAdapter:
             # it; FixedPointOverflow (ArithmeticError): scales outside the proven-exact bound.
             raise EngineError("engine_error", f"cannot load {manifest.hash}: "
                               f"{type(exc).__name__}: {exc}") from exc
-        if "sha256:" + eng.model_hash != manifest.hash:  # from_bytes checked it; belt and braces
+        if hash_from_hex(eng.model_hash) != manifest.hash:  # from_bytes checked it; belt and braces
             raise EngineError("engine_error", f"modelHash {eng.model_hash} != {manifest.hash}")
         with self._lock:
             self._engines.setdefault(manifest.hash, eng)
@@ -386,7 +387,7 @@ def import_artifact(store_root: str | os.PathLike[str], artifact_path: str | os.
     path = Path(artifact_path)
     art = artifact.load(path)  # checks magic, format version, header and tensor bounds
     store = ModelStore(Path(store_root))
-    model_hash = "sha256:" + art.model_hash
+    model_hash = hash_from_hex(art.model_hash)
     cfg = art.config
     fields: dict[str, Any] = {
         "name": name or path.name.split(".nlfxint")[0],

@@ -1,0 +1,61 @@
+"""One key encoding, one signature check (broker_schema.signatures), used by every reader."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from broker_schema import ResponseRecord, signatures
+from executor.identity import NodeIdentity, verify_response
+from tests.unit.executor.helpers import request
+
+
+def _signed(ident: NodeIdentity) -> ResponseRecord:
+    req = request("wl1", "sha256:" + "a" * 64)
+    resp = ResponseRecord(effect_id=req.effect_id, header=req.header, request_offset=0,
+                          outcome="timeout", written_by="n1")
+    return ident.sign_response(resp)
+
+
+def test_the_published_key_is_base64_of_the_raw_32_bytes() -> None:
+    ident = NodeIdentity.generate()
+    raw = ident.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert ident.public_key_b64 == signatures.public_key_text(raw)
+    assert signatures.public_key_from_text(ident.public_key_b64) == raw
+    assert ident.key_id == signatures.key_id(raw)
+    # read only: the DER SubjectPublicKeyInfo form some recorded logs carry is the same key
+    der = ident.public_key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    assert signatures.public_key_from_text(base64.b64encode(der).decode()) == raw
+    for bad in ("", "not base64!", base64.b64encode(b"x" * 31).decode(),
+                base64.b64encode(b"\x31" + der[1:]).decode()):
+        with pytest.raises(ValueError):
+            signatures.public_key_from_text(bad)
+    with pytest.raises(ValueError):
+        signatures.public_key_text(raw + b"\x00")
+
+
+def test_the_one_check_never_raises_and_agrees_everywhere() -> None:
+    ident, other = NodeIdentity.generate(), NodeIdentity.generate()
+    raw = signatures.public_key_from_text(ident.public_key_b64)
+    resp = _signed(ident)
+    assert signatures.response_signature_problem(resp, raw) is None
+    assert verify_response(resp, ident.public_key_b64) and verify_response(resp, raw)
+    assert verify_response(resp, ident.public_key)
+    tampered = resp.model_copy(update={"request_offset": 1})
+    assert signatures.response_signature_problem(tampered, raw) == (
+        "the signature does not verify with the key")
+    assert not verify_response(tampered, ident.public_key_b64)
+    wrong = signatures.public_key_from_text(other.public_key_b64)
+    assert "names key" in (signatures.response_signature_problem(resp, wrong) or "")
+    unsigned = resp.model_copy(update={"signature": None})
+    assert signatures.response_signature_problem(unsigned, raw) == (
+        "the response carries no signature")
+    assert "unusable key" in (signatures.response_signature_problem(resp, b"short") or "")
+    msg = b"m"
+    sig = base64.b64decode(ident.sign(msg))
+    assert signatures.verify_ed25519(raw, sig, msg)
+    for key, value in ((raw, sig[:-1]), (raw[:-1], sig), (b"\xff" * 32, sig), (wrong, sig),
+                       (raw, b"\x00" * 64)):
+        assert not signatures.verify_ed25519(key, value, msg)
