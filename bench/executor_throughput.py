@@ -123,7 +123,7 @@ class Bench:
         await producer.start()
         cfg = load_config(
             environ={}, node_id=f"bench-{wid}", bootstrap=self.bootstrap,
-            topic_pattern=rf"^wl\.{wid}\.out$", group_prefix=f"bench-{wid}",
+            topic_pattern=topics.out_pattern(wid), group_prefix=f"bench-{wid}",
             model_dir=self.store.root, key_file=self.tmp / "node.key",
             chunk_dir=self.tmp / "chunks", http_port=None, workers=1, max_batch=max_batch,
             kinds={INFERENCE_KIND: 10_000}, preload=[model_hash], metadata_max_age_ms=500,

@@ -40,6 +40,12 @@ def stream(workload_id: str, name: str) -> str:
     return _topic(workload_id, name)
 
 
+def prefix(workload_id: str) -> str:
+    """``wl.<id>.``: the prefix of every topic of one workload and of no other (an id never
+    holds a ``.``), for prefixed ACLs."""
+    return f"wl.{check_workload_id(workload_id)}."
+
+
 def out_pattern(workload_id: str | None = None) -> str:
     """The regex an executor subscribes to: every workload's ``.out`` (:data:`OUT_PATTERN`), or
     only ``workload_id``'s."""

@@ -10,6 +10,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError, ProducerFenced
 
+from broker_schema import topics
 from broker_schema.limits import MAX_RECORD_BYTES
 from fx_kafka.client import FRAME_CAP_BYTES, create_topics, make_consumer, make_producer
 
@@ -52,7 +53,7 @@ async def _read_to_end(bootstrap: str, topic: str) -> list[bytes]:
 
 @pytest.fixture
 async def topic(kafka_bootstrap: str, unique_workload_id: str) -> AsyncIterator[str]:
-    name = f"wl.{unique_workload_id}.in"
+    name = topics.inputs(unique_workload_id)
     await create_topics(kafka_bootstrap, [name])
     yield name
 

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -189,7 +188,7 @@ async def _run(kafka: LocalKafka, bootstrap: str, tmp: Path) -> None:
     wid = f"restart{int(time.time() * 1000) % 10**9}"
     config = {
         "node_id": "exec-restart", "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-test-{wid}",
+        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
         "model_dir": str(store.root), "key_file": str(tmp / "node.key"),
         "chunk_dir": str(tmp / "chunks"), "http_port": None, "preload": "all",
         "metadata_max_age_ms": 500, "session_timeout_ms": 6000,

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -139,7 +138,7 @@ def executor_config(bootstrap: str, workload_id: str, tmp: Path, model_dir: Path
     base: dict[str, Any] = dict(
         node_id=f"exec-{uuid.uuid4().hex[:8]}",
         bootstrap=bootstrap,
-        topic_pattern=rf"^wl\.{re.escape(workload_id)}\.out$",
+        topic_pattern=topics.out_pattern(workload_id),
         group_prefix=f"fx-test-{workload_id}",
         model_dir=model_dir,
         key_file=tmp / "node.key",

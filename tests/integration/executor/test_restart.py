@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_schema import topics
 from broker_schema.records import AcceptedRecord, ResponseRecord
 from executor.identity import NodeIdentity, verify_response
 from executor.models import ModelStore
@@ -36,14 +37,14 @@ async def test_sigkill_after_accepted_then_restart_answers_same_effect_id(
                           params={"delay_s": 4.0})
             await wl.send(req)
             await wl.read(
-                f"wl.{wl.workload_id}.resp",
+                topics.resp(wl.workload_id),
                 until=lambda rs: any(isinstance(r, AcceptedRecord) for r in rs),
             )
             first.kill(signal.SIGKILL)
             assert await first.wait() == -signal.SIGKILL
         finally:
             first.kill(signal.SIGKILL)
-        before = await wl.read(f"wl.{wl.workload_id}.resp", until=lambda rs: len(rs) >= 1)
+        before = await wl.read(topics.resp(wl.workload_id), until=lambda rs: len(rs) >= 1)
         assert not any(isinstance(r, ResponseRecord) for r in before)
 
         second = Subprocess(cfg, tmp_path, "second")
@@ -78,7 +79,7 @@ async def test_sigterm_answers_in_flight_with_shutdown(
             req = request(wl.workload_id, slow.hash, silence_wav(0.5), params={"delay_s": 3.0})
             await wl.send(req)
             await wl.read(
-                f"wl.{wl.workload_id}.resp",
+                topics.resp(wl.workload_id),
                 until=lambda rs: any(isinstance(r, AcceptedRecord) for r in rs),
             )
             proc.kill(signal.SIGTERM)

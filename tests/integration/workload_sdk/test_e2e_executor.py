@@ -9,10 +9,8 @@ back to the file's bytes, checking the executor's signature against its key on `
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, OutputRecord, decode
+from broker_schema import INFERENCE_KIND, OutputRecord, decode, sha256_hex, topics
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
@@ -68,7 +66,7 @@ async def test_real_executor_magika_end_to_end(
     wid = unique_workload_id
     config = {
         "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-test-{wid}",
+        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
         "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
         "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
         "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
@@ -118,4 +116,4 @@ async def test_real_executor_magika_end_to_end(
     assert resp["signature"]["signed"] is True and resp["signature"]["valid"] is True, resp
     sent = list(FILES.values())[tree["step"]["response"]["request"]["step"]["input"]["offset"]]
     asked = resp["request"]["step"]["input"]
-    assert asked["body"]["bytes_sha256"] == "sha256:" + hashlib.sha256(sent).hexdigest()
+    assert asked["body"]["bytes_sha256"] == sha256_hex(sent)

@@ -8,7 +8,6 @@ project's executor and magika is ``test_e2e_executor.py``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import signal
 import subprocess
@@ -19,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, EffectRequest, MergeEntry, OutputRecord, decode
+from broker_schema import (
+    INFERENCE_KIND,
+    EffectRequest,
+    MergeEntry,
+    OutputRecord,
+    decode,
+    sha256_hex,
+)
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
@@ -141,7 +147,7 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
     asked = resp["request"]["step"]
     in_offset = asked["input"]["offset"]
     sent = files[in_offset]  # inputs came from one plain producer: offsets 0..7 in order
-    assert asked["input"]["body"]["bytes_sha256"] == "sha256:" + hashlib.sha256(sent).hexdigest()
+    assert asked["input"]["body"]["bytes_sha256"] == sha256_hex(sent)
     assert asked["input"]["source"] == "sensor-1"
 
     # fx replay --to prints the state at a step, from the nearest snapshot

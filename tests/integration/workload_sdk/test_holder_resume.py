@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, EffectRequest, OutputRecord, decode
+from broker_schema import INFERENCE_KIND, EffectRequest, OutputRecord, decode, topics
 from workload_sdk import (
     EffectResult,
     HolderConfig,
@@ -130,7 +130,7 @@ async def test_an_input_buffered_behind_the_limit_survives_a_skipped_record_and_
                                snapshot_every=1, outstanding_limit=1) as h:
         await h.send_input({"ask": 1})
         await h.send_input({"note": 1})  # waits: one request is outstanding
-        await h.append(f"wl.{unique_workload_id}.in", b"not a record")
+        await h.append(topics.inputs(unique_workload_id), b"not a record")
         a, stop_a, task_a = await _start(h, "limit-a")
         try:
             await h.wait_for(lambda log: len(h.requests(log, INFERENCE_KIND)) == 1,

@@ -163,7 +163,7 @@ async def test_trim_moves_each_start_where_the_rules_say_and_resume_and_replay_s
         # the dry run deletes nothing and says what it would do
         dry = _cli("trim", wid, "--dry-run", "--bootstrap", kafka_bootstrap)
         assert dry.returncode == 0, dry.stderr
-        assert f"wl.{wid}.merge: start 0 -> " in dry.stdout
+        assert f"{topics.merge(wid)}: start 0 -> " in dry.stdout
         assert "never trimmed" in dry.stdout and "dry run: nothing was deleted" in dry.stdout
         assert all(v.start == 0 for v in (await read_trim_log(kafka_bootstrap, wid)).views.values())
 
@@ -188,11 +188,11 @@ async def test_trim_moves_each_start_where_the_rules_say_and_resume_and_replay_s
         gone = _cli("replay", wid, "--module", MODULE, "--from-start",
                     "--bootstrap", kafka_bootstrap)
         assert gone.returncode == EXIT_GAP
-        assert f"wl.{wid}.merge offset 0 is trimmed" in gone.stderr
+        assert f"{topics.merge(wid)} offset 0 is trimmed" in gone.stderr
         assert "Traceback" not in gone.stderr
         old_out = _cli("why", wid, "--output", "0", "--bootstrap", kafka_bootstrap)
         assert old_out.returncode == EXIT_GAP
-        assert f"wl.{wid}.out offset 0 is trimmed" in old_out.stderr
+        assert f"{topics.out(wid)} offset 0 is trimmed" in old_out.stderr
         assert "Traceback" not in old_out.stderr
         # the pending request is still on .out, but the step that asked was trimmed from .merge
         asked = _cli("why", wid, "--output", str(r2_offset), "--bootstrap", kafka_bootstrap)

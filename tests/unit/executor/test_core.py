@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker_schema import topics
 from broker_schema.records import (
     INFERENCE_KIND,
     BindingSwitch,
@@ -38,7 +39,7 @@ def state(limit: int = 4) -> ExecutorState:
 
 def run(st: ExecutorState, req: object, *, offset: int = 10, now_ms: int = APPEND_MS + 5,
         status: str = "ready") -> object:
-    return decide(st, req, topic=f"wl.{WL}.out", partition=0, offset=offset,  # type: ignore[arg-type]
+    return decide(st, req, topic=topics.out(WL), partition=0, offset=offset,  # type: ignore[arg-type]
                   append_ms=APPEND_MS, now_ms=now_ms, now_us=now_ms * 1000,
                   model_status=status)  # type: ignore[arg-type]
 

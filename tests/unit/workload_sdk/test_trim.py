@@ -24,6 +24,7 @@ from broker_schema import (
     StreamRef,
     decode,
     encode,
+    topics,
 )
 from fx_kafka.workload import HORIZON_UNKNOWN, retention_message, retention_problems
 from tests.unit.workload_sdk._sim import MODEL, WID, Asker, Sim, make_spec
@@ -149,7 +150,7 @@ def _hand_log() -> tuple[WorkloadLog, dict[str, int]]:
                          input=InlineBody.of_json(0), deadline_ms=50)
     header = EffectHeader(workload_id=WID, input_offset=4, index=0, epoch=1)
     req = EffectRequest(header=header, effect_kind=INFERENCE_KIND, model=MODEL,
-                        input=StreamRef(topic=f"wl.{WID}.in", offset=1), deadline_ms=50)
+                        input=StreamRef(topic=topics.inputs(WID), offset=1), deadline_ms=50)
     log["out"].add(LogRecord(0, t, encode(req0)))
     log["out"].add(LogRecord(3, t + 4, encode(req)))
     log["out"].end = 8
@@ -291,7 +292,7 @@ def _cfg(ms: str = "-1", size: str = "-1") -> dict[str, str]:
 
 
 def test_retention_shorter_than_the_horizon_is_a_problem() -> None:
-    names = {s: f"wl.{WID}.{s}" for s in ("in", "spec", "claims", "out", "resp", "merge")}
+    names = {s: topics.stream(WID, s) for s in topics.STREAMS}
     ok = {n: _cfg() for n in names.values()}
     assert retention_problems(WID, ok, None) == []
     assert retention_problems(WID, ok, 5_000) == []
