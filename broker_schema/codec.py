@@ -32,6 +32,7 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     if depth > MAX_JSON_DEPTH:
         raise EncodeError("too_deep", f"record nests {depth} levels deep, limit is "
                           f"{MAX_JSON_DEPTH}")
+    _check_floats(value)
     data = canonical_json(value)
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
@@ -44,6 +45,22 @@ def record_hash(record: BaseModel) -> str:
 
 
 _SAFE = 2**53
+
+
+def _check_floats(value: Any) -> None:
+    """Refuse a float ``decode`` would refuse to read back (magnitude 2^53 or more, or not
+    finite): RFC 8785 prints an integral one as an integer beyond the exact domain."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float):
+            if not -_SAFE < item < _SAFE:
+                raise EncodeError("not_canonicalizable", f"number {item!r} is beyond +-2^53 "
+                                  "(or not finite): no decoder reads it back exactly")
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
 
 
 def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:

@@ -285,7 +285,7 @@ def test_an_effect_id_that_its_header_does_not_spell_is_refused(
                           lease_ms=10, accepted_us=0)
 
 
-def test_a_merge_entry_effect_id_must_be_one_of_its_workload() -> None:
+def test_a_merge_entry_effect_id_must_be_an_effect_id() -> None:
     def merge(effect_id: str | None) -> bytes:
         return bs.canonical_json({"kind": "merge", "v": 1, "workload_id": "cam-1", "seq": 1,
                                   "epoch": 1, "source": "resp", "source_offset": 0,
@@ -293,7 +293,8 @@ def test_a_merge_entry_effect_id_must_be_one_of_its_workload() -> None:
     assert bs.decode(merge("cam-1/0/0@1")).effect_id == "cam-1/0/0@1"  # type: ignore[union-attr]
     assert bs.decode(merge("shadow:x/cam-1/0/0@1"))
     assert bs.decode(merge(None))
-    for bad in ("cam-2/0/0@1", "cam-1/0/0", "cam-1/-1/0@1", "nonsense"):
+    assert bs.decode(merge("cam-2/0/0@1"))  # a pass-over of a response naming another workload
+    for bad in ("cam-1/0/0", "cam-1/-1/0@1", "nonsense", "cam-1/0/0@1 "):
         with pytest.raises(bs.DecodeError) as info:
             bs.decode(merge(bad))
         assert info.value.code == "effect_id_mismatch", bad
@@ -364,3 +365,14 @@ def test_topic_builders() -> None:
     import re
     assert re.fullmatch(topics.out_pattern("cam-1"), "wl.cam-1.out")
     assert not re.fullmatch(topics.out_pattern("cam-1"), "wl.cam-10.out")
+
+
+@pytest.mark.parametrize("number", [2.0**53, -(2.0**53), 1e300, float("inf")])
+def test_encode_refuses_a_float_decode_would_refuse(number: float) -> None:
+    req = bs.EffectRequest(header=_header(), effect_kind=bs.INFERENCE_KIND,
+                           params={"x": number}, deadline_ms=1)
+    with pytest.raises(bs.EncodeError) as info:
+        bs.encode(req)
+    assert info.value.code == "not_canonicalizable"
+    ok = req.model_copy(update={"params": {"x": 2.0**53 - 1}})
+    assert bs.decode(bs.encode(ok)) == ok
