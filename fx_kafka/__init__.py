@@ -1,7 +1,14 @@
 """Kafka plumbing for ninelives-fx: a local Apache Kafka broker without Docker, a broker chooser
 for tests, and small aiokafka helpers with the project's defaults."""
 
-from fx_kafka.client import FRAME_CAP_BYTES, create_topics, make_consumer, make_producer, wait_ready
+from fx_kafka.client import (
+    FRAME_CAP_BYTES,
+    create_topics,
+    make_admin,
+    make_consumer,
+    make_producer,
+    wait_ready,
+)
 from fx_kafka.errors import (
     BrokerAlreadyRunningError,
     BrokerError,
@@ -17,6 +24,7 @@ from fx_kafka.local import (
     BrokerStatus,
     LocalKafka,
 )
+from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.testing import broker_for_tests, kafka_for_tests
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "BrokerStartError",
     "BrokerState",
     "BrokerStatus",
+    "ClientSecurity",
     "FetchError",
     "JavaNotFoundError",
     "LocalKafka",
@@ -35,7 +44,9 @@ __all__ = [
     "broker_for_tests",
     "create_topics",
     "kafka_for_tests",
+    "make_admin",
     "make_consumer",
     "make_producer",
+    "use_security",
     "wait_ready",
 ]

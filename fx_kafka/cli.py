@@ -52,6 +52,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--nodes", type=int, default=1,
         help="KRaft nodes (controller+broker each), e.g. 3 for a replicated cluster (default 1)",
     )
+    start.add_argument(
+        "--secure", action="store_true",
+        help="SASL/SCRAM-SHA-512 over TLS and ACLs (standard authorizer, nothing allowed "
+        "without an ACL): credentials and certificates in DATA_DIR/security; a data dir "
+        "formatted secured always starts secured",
+    )
+    start.add_argument(
+        "--user", action="append", default=[], metavar="NAME",
+        help="a SCRAM user to create besides admin, executor, operator, holder and producer "
+        "(repeatable; e.g. one holder user per workload)",
+    )
     start.set_defaults(func=cmd_start)
 
     stop = actions.add_parser("stop", help="stop the broker started from --data-dir")
@@ -87,14 +98,18 @@ def cmd_start(args: argparse.Namespace) -> int:
         version=getattr(args, "version", DEFAULT_KAFKA_VERSION),
         heap=getattr(args, "heap", DEFAULT_HEAP),
         nodes=getattr(args, "nodes", 1),
+        secure=getattr(args, "secure", False),
+        users=getattr(args, "user", []),
     )
     try:
         bootstrap = kafka.start(timeout=args.timeout)
     except BrokerAlreadyRunningError as exc:
         print(f"already running (pid {exc.pid})", file=sys.stderr)
+        if kafka.secrets.exists():
+            _print_security(kafka)
         print(exc.bootstrap)
         return 0
-    except BrokerError as exc:
+    except (BrokerError, ValueError) as exc:
         print(f"fx broker start: {exc}", file=sys.stderr)
         return 1
     status = kafka.status()
@@ -104,8 +119,24 @@ def cmd_start(args: argparse.Namespace) -> int:
         f"pid {status.pid}) in {kafka.last_start_seconds or 0.0:.1f} s; logs in {where}",
         file=sys.stderr,
     )
+    if kafka.secure:
+        _print_security(kafka)
     print(bootstrap)
     return 0
+
+
+def _print_security(kafka: LocalKafka) -> None:
+    """Where the credentials are, and the exports that make a shell the broker's admin."""
+    sec = kafka.secrets
+    env = sec.env_file("admin")
+    print(f"secured: SASL_SSL + SCRAM-SHA-512, CA {sec.ca_cert}; one env file per user in "
+          f"{sec.root} ({', '.join(sec.users())}). As the admin (super user):", file=sys.stderr)
+    try:
+        print(env.read_text().rstrip(), file=sys.stderr)
+    except OSError:
+        print(f"  . {env}", file=sys.stderr)
+    print(f"then `fx acl apply --workload ID` writes the roles' ACLs; a service runs as its "
+          f"user with e.g. `. {sec.env_file('executor')}`", file=sys.stderr)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

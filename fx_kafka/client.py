@@ -1,43 +1,82 @@
 """Small aiokafka helpers every part of the project uses: topics, producers, consumers, readiness.
 
-The producer and consumer factories must be called with an event loop running (aiokafka binds
-each client to the running loop in its constructor).
+Every aiokafka client of the project is made here (:func:`make_producer`, :func:`make_consumer`,
+:func:`make_admin`), so each one takes its SASL/TLS settings from one place:
+:func:`fx_kafka.security.current` (the environment's ``FX_KAFKA_*`` variables, or what
+:func:`~fx_kafka.security.use_security` installed), unless a caller passes ``security``.
+
+The factories must be called with an event loop running (aiokafka binds each client to the
+running loop in its constructor).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
 from broker_schema.limits import BROKER_MESSAGE_MAX_BYTES
-from fx_kafka.errors import BrokerNotReadyError
+from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError
 from fx_kafka.replication import ReplicationSettings
+from fx_kafka.security import ClientSecurity
+from fx_kafka.security import current as current_security
 
 __all__ = [
     "FRAME_CAP_BYTES",
+    "broker_count",
+    "check_authorized",
     "create_topics",
+    "make_admin",
     "make_consumer",
     "make_producer",
+    "probe_connection",
     "wait_brokers",
     "wait_ready",
 ]
 
 log = logging.getLogger(__name__)
 
+#: Errors a retry cannot cure (wrong credentials): raised at once by the waiting helpers.
+_AUTH_ERRORS: tuple[type[BaseException], ...] = (AuthenticationFailedError,
+                                                 SaslAuthenticationFailed)
+
 #: The broker's message.max.bytes (deploy/local-kafka/server.properties.template): the schema's
 #: MAX_RECORD_BYTES plus 64 KiB for key, headers and batch overhead.
 FRAME_CAP_BYTES: int = BROKER_MESSAGE_MAX_BYTES
 
 
-async def wait_ready(bootstrap: str, timeout: float = 30.0) -> None:
+def _security_options(security: ClientSecurity | None) -> dict[str, Any]:
+    return (security if security is not None else current_security()).client_options()
+
+
+def make_admin(bootstrap: str, *, security: ClientSecurity | None = None,
+               **kw: Any) -> AIOKafkaAdminClient:
+    """An (unstarted) admin client with the project's security settings; ``kw`` overrides."""
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap, **_security_options(security)}
+    options.update(kw)
+    return AIOKafkaAdminClient(**options)
+
+
+async def wait_ready(bootstrap: str, timeout: float = 30.0, *,
+                     security: ClientSecurity | None = None) -> None:
     """Return once ``bootstrap`` answers an admin call (list topics); else raise
-    :class:`~fx_kafka.errors.BrokerNotReadyError` after ``timeout`` seconds."""
+    :class:`~fx_kafka.errors.BrokerNotReadyError` after ``timeout`` seconds. A failed
+    authentication is not waited out: it is raised at once (aiokafka's error)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: BaseException | None = None
@@ -47,8 +86,9 @@ async def wait_ready(bootstrap: str, timeout: float = 30.0) -> None:
             raise BrokerNotReadyError(
                 f"Kafka at {bootstrap} not ready after {timeout:.1f} s (last error: {last!r})"
             )
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap,
+        admin = make_admin(
+            bootstrap,
+            security=security,
             request_timeout_ms=max(1000, int(min(remaining, 10.0) * 1000)),
         )
         try:
@@ -56,14 +96,61 @@ async def wait_ready(bootstrap: str, timeout: float = 30.0) -> None:
             return
         except (TimeoutError, KafkaError, OSError) as exc:
             last = exc
+            if isinstance(exc, KafkaConnectionError):
+                # aiokafka's bootstrap error hides why: one direct connection tells
+                cause = await probe_connection(bootstrap, security=security,
+                                               timeout=max(0.5, min(5.0, remaining)))
+                if cause is not None:
+                    _raise_if_auth(cause, bootstrap, security)
+                    last = cause
         finally:
             await admin.close()
         await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
 
 
-async def broker_count(bootstrap: str) -> int:
+def _raise_if_auth(exc: BaseException, bootstrap: str, security: ClientSecurity | None) -> None:
+    sec = security if security is not None else current_security()
+    if isinstance(exc, _AUTH_ERRORS):
+        raise BrokerAuthError(
+            f"Kafka at {bootstrap} refused the credentials of {sec.principal} "
+            f"({sec.mechanism} over {sec.protocol}): {exc}. Check FX_KAFKA_SASL_USERNAME and "
+            "FX_KAFKA_SASL_PASSWORD(_FILE)") from exc
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        raise BrokerAuthError(
+            f"the TLS certificate of Kafka at {bootstrap} cannot be verified: {exc}. Set "
+            "FX_KAFKA_CA_FILE to the CA that signed it (a local secured broker's is "
+            "DATA_DIR/security/ca.crt)") from exc
+
+
+async def probe_connection(bootstrap: str, *, security: ClientSecurity | None = None,
+                           timeout: float = 5.0) -> BaseException | None:
+    """Open one connection (TLS, SASL) to the first host of ``bootstrap`` with the security
+    settings in force; return what went wrong, or None when it worked."""
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    sec = security if security is not None else current_security()
+    opts = sec.client_options()
+    try:
+        conn = await asyncio.wait_for(create_conn(
+            host, int(port), request_timeout_ms=max(500, int(timeout * 1000)),
+            security_protocol=opts["security_protocol"], ssl_context=opts.get("ssl_context"),
+            sasl_mechanism=opts.get("sasl_mechanism"),
+            sasl_plain_username=opts.get("sasl_plain_username"),
+            sasl_plain_password=opts.get("sasl_plain_password")), timeout)
+    except (TimeoutError, KafkaError, OSError, ValueError) as exc:
+        if isinstance(exc, TimeoutError | KafkaConnectionError) and not sec.tls:
+            hinted: BaseException = KafkaConnectionError(
+                f"{host}:{port} closed or ignored a {sec.protocol} connection ({exc or 'timeout'}"
+                "): if the broker is secured, set FX_KAFKA_SECURITY_PROTOCOL=SASL_SSL, "
+                "FX_KAFKA_SASL_USERNAME, FX_KAFKA_SASL_PASSWORD(_FILE) and FX_KAFKA_CA_FILE")
+            return hinted
+        return exc
+    conn.close()
+    return None
+
+
+async def broker_count(bootstrap: str, *, security: ClientSecurity | None = None) -> int:
     """How many brokers the cluster at ``bootstrap`` has registered (from its metadata)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap, security=security)
     try:
         await admin.start()
         cluster = await admin.describe_cluster()
@@ -72,7 +159,8 @@ async def broker_count(bootstrap: str) -> int:
         await admin.close()
 
 
-async def wait_brokers(bootstrap: str, count: int, timeout: float = 60.0) -> None:
+async def wait_brokers(bootstrap: str, count: int, timeout: float = 60.0, *,
+                       security: ClientSecurity | None = None) -> None:
     """Return once the cluster at ``bootstrap`` has ``count`` brokers registered; else raise
     :class:`~fx_kafka.errors.BrokerNotReadyError` after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
@@ -81,7 +169,7 @@ async def wait_brokers(bootstrap: str, count: int, timeout: float = 60.0) -> Non
     last: BaseException | None = None
     while loop.time() < deadline:
         try:
-            seen = await asyncio.wait_for(broker_count(bootstrap),
+            seen = await asyncio.wait_for(broker_count(bootstrap, security=security),
                                           timeout=max(0.5, deadline - loop.time()))
             if seen >= count:
                 return
@@ -106,6 +194,7 @@ async def create_topics(
     compacted: bool = False,
     replication: ReplicationSettings | None = None,
     configs: dict[str, str] | None = None,
+    security: ClientSecurity | None = None,
 ) -> None:
     """Create ``names`` (idempotent: a topic that already exists is left as it is).
 
@@ -119,7 +208,7 @@ async def create_topics(
     if not wanted:
         return
     settings = replication if replication is not None else ReplicationSettings.from_env()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap, security=security)
     try:
         await admin.start()
         brokers = len((await admin.describe_cluster())["brokers"])
@@ -152,17 +241,35 @@ async def create_topics(
         await admin.close()
 
 
+async def check_authorized(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Raise :class:`~aiokafka.errors.TopicAuthorizationFailedError` at once when the broker
+    denies this client any of ``topics`` (its ACLs do not let it describe them); aiokafka itself
+    would retry an offset look-up on such a topic until its request timeout (40 s). Call it on
+    a started consumer after ``assign``."""
+    names = list(topics)
+    client = consumer._client  # aiokafka (pinned) has no public view of unauthorized topics
+    for name in names:
+        client.add_topic(name)
+    await client.force_metadata_update()
+    denied = sorted(set(names) & set(client.cluster.unauthorized_topics))
+    if denied:
+        raise TopicAuthorizationFailedError(", ".join(denied))
+
+
 def make_producer(
     bootstrap: str,
     *,
     enable_idempotence: bool = True,
     transactional_id: str | None = None,
+    security: ClientSecurity | None = None,
     **kw: Any,
 ) -> AIOKafkaProducer:
     """An (unstarted) producer with the project's defaults: ``acks="all"``, idempotence on,
-    ``max_request_size`` equal to the broker's frame cap. ``kw`` overrides any of them."""
+    ``max_request_size`` equal to the broker's frame cap, the security settings in force
+    (:mod:`fx_kafka.security`). ``kw`` overrides any of them."""
     options: dict[str, Any] = {
         "bootstrap_servers": bootstrap,
+        **_security_options(security),
         "acks": "all",
         "enable_idempotence": enable_idempotence or transactional_id is not None,
         "max_request_size": FRAME_CAP_BYTES,
@@ -181,12 +288,15 @@ def make_consumer(
     isolation_level: str = "read_committed",
     auto_offset_reset: str = "earliest",
     enable_auto_commit: bool = False,
+    security: ClientSecurity | None = None,
     **kw: Any,
 ) -> AIOKafkaConsumer:
     """An (unstarted) consumer with the project's defaults: ``read_committed``, from the earliest
-    offset, no auto commit, fetch sizes that admit a record at the frame cap. ``kw`` overrides."""
+    offset, no auto commit, fetch sizes that admit a record at the frame cap, the security
+    settings in force (:mod:`fx_kafka.security`). ``kw`` overrides."""
     options: dict[str, Any] = {
         "bootstrap_servers": bootstrap,
+        **_security_options(security),
         "group_id": group_id,
         "isolation_level": isolation_level,
         "auto_offset_reset": auto_offset_reset,

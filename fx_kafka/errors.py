@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerAlreadyRunningError",
+    "BrokerAuthError",
     "BrokerError",
     "BrokerNotReadyError",
     "BrokerStartError",
@@ -58,6 +59,12 @@ class BrokerAlreadyRunningError(BrokerError):
 
 class BrokerNotReadyError(BrokerError, TimeoutError):
     """A bootstrap address did not answer an admin call (list topics) in time."""
+
+
+class BrokerAuthError(BrokerError):
+    """The broker refused this client's credentials (SASL authentication failed) or its TLS
+    certificate could not be verified: a retry cannot help. The message says which, and names
+    the ``FX_KAFKA_*`` settings in use (never the password)."""
 
 
 class NoBrokerError(BrokerError):

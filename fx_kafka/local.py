@@ -13,6 +13,13 @@ process that started it (``fx broker start``). Everything lives in the data dir:
 
 A cluster keeps the same files per node under ``data_dir/node-<id>/`` and one ``state.json``.
 
+``secure=True`` (``fx broker start --secure``) runs the client listener with SASL/SCRAM-SHA-512
+over TLS, the controller listener with TLS + SASL/PLAIN for the broker's own principal, and the
+KRaft standard authorizer with ``allow.everyone.if.no.acl.found=false``
+(``deploy/local-kafka/server-secure.properties.fragment``). Its CA, certificate and passwords are
+generated once under ``data_dir/security`` (see :mod:`fx_kafka.local_security`); the SCRAM
+credentials are written at format time. A data dir formatted secured stays secured.
+
 A start on a data dir that holds formatted storage always reuses it: the same cluster id, the
 same logs and the same listener ports. Nothing here deletes a log dir that holds data except
 :meth:`LocalKafka.reset`, which a user asks for by name (``fx broker reset``).
@@ -49,7 +56,9 @@ from fx_kafka.errors import (
     JavaNotFoundError,
     PortInUseError,
 )
+from fx_kafka.local_security import ADMIN_USER, DEFAULT_USERS, LocalSecrets, check_user_name
 from fx_kafka.replication import default_for
+from fx_kafka.security import ClientSecurity
 
 __all__ = [
     "DEFAULT_HEAP",
@@ -63,6 +72,7 @@ __all__ = [
     "deploy_dir",
     "find_java",
     "java_major_version",
+    "merge_properties",
     "pick_free_ports",
     "pid_alive",
     "port_bindable",
@@ -78,6 +88,8 @@ log = logging.getLogger(__name__)
 #: Must equal <kafka.version> in deploy/local-kafka/pom.xml (a unit test checks).
 DEFAULT_KAFKA_VERSION = "4.1.1"
 DEFAULT_HEAP = "512m"
+#: The security lines of a secured broker, merged into the rendered template.
+SECURE_FRAGMENT = "server-secure.properties.fragment"
 MIN_JAVA = 17
 HOST = "127.0.0.1"
 
@@ -132,6 +144,20 @@ def render_server_properties(
         replication_factor=replication,
         min_isr=min_isr,
     )
+
+
+def merge_properties(base: str, overrides: str) -> str:
+    """``base`` (a ``.properties`` text) with every line whose key ``overrides`` sets removed,
+    then ``overrides`` appended: one line per key, the override's."""
+    def key_of(line: str) -> str | None:
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "!")) or "=" not in stripped:
+            return None
+        return stripped.split("=", 1)[0].strip()
+
+    replaced = {k for k in map(key_of, overrides.splitlines()) if k}
+    kept = [line for line in base.splitlines() if key_of(line) not in replaced]
+    return "\n".join(kept).rstrip("\n") + "\n\n" + overrides.rstrip("\n") + "\n"
 
 
 def pick_free_ports(n: int = 2, host: str = HOST) -> list[int]:
@@ -234,6 +260,8 @@ class BrokerState:
     started_at: float
     start_seconds: float
     nodes: tuple[NodeState, ...] = ()
+    #: SASL_SSL + ACLs (``fx broker start --secure``); credentials in ``data_dir/security``
+    secure: bool = False
 
     def node_states(self) -> tuple[NodeState, ...]:
         """Every node (one, synthesised from the top-level fields, for an old one-node file)."""
@@ -392,6 +420,8 @@ class _Plan:
     nodes: list[NodeState]
     t0: float
     reused: bool
+    #: users that got a password after the storage was formatted: added once the broker runs
+    new_users: list[str] = dataclasses.field(default_factory=list)
 
 
 def _bootstrap_of(nodes: list[NodeState] | tuple[NodeState, ...]) -> str:
@@ -427,9 +457,13 @@ class LocalKafka:
         deploy: Path | str | None = None,
         die_with_parent: bool = False,
         nodes: int = 1,
+        secure: bool = False,
+        users: tuple[str, ...] | list[str] = (),
     ) -> None:
         if not 1 <= nodes <= 9:
             raise ValueError(f"a local cluster has 1 to 9 nodes, not {nodes}")
+        self.secure = secure
+        self.users = tuple(dict.fromkeys((*DEFAULT_USERS, *map(check_user_name, users))))
         self.data_dir = Path(data_dir).resolve()
         self.version = version
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -445,7 +479,29 @@ class LocalKafka:
 
     def __repr__(self) -> str:
         return (f"LocalKafka(version={self.version!r}, data_dir={str(self.data_dir)!r}, "
-                f"nodes={self.nodes})")
+                f"nodes={self.nodes}{', secure=True' if self.secure else ''})")
+
+    # -- security --------------------------------------------------------------------------------
+    @property
+    def secrets(self) -> LocalSecrets:
+        """The CA, certificate and passwords of a secured broker (``data_dir/security``)."""
+        return LocalSecrets(self.data_dir / "security")
+
+    def security_for(self, user: str = ADMIN_USER) -> ClientSecurity:
+        """The client settings of ``user`` on this (secured) broker; PLAINTEXT when it is not
+        secured."""
+        if not self._is_secure():
+            return ClientSecurity()
+        return self.secrets.client_security(user)
+
+    @property
+    def admin_security(self) -> ClientSecurity:
+        """The broker's own principal (the super user), or PLAINTEXT when not secured."""
+        return self.security_for(ADMIN_USER)
+
+    def _is_secure(self) -> bool:
+        state = read_state(self.state_file)
+        return self.secure or (state is not None and state.secure)
 
     # -- paths -----------------------------------------------------------------------------------
     def _files(self, node_id: int, count: int | None = None) -> _NodeFiles:
@@ -613,12 +669,22 @@ class LocalKafka:
                 raise BrokerStartError(
                     f"node(s) {missing} of {self.data_dir} have no formatted storage while the "
                     "others have: nothing was deleted; restore them or `fx broker reset`")
+            if previous.secure != self.secure:
+                if not previous.secure:
+                    raise BrokerStartError(
+                        f"{self.data_dir} was formatted without --secure: its SCRAM credentials "
+                        "are written at format time, so it cannot become secured in place; "
+                        f"`fx broker reset --data-dir {self.data_dir}` and start again with "
+                        "--secure")
+                log.info("%s was formatted secured: starting it secured", self.data_dir)
+                self.secure = True
             nodes = list(previous.node_states())
             self._check_ports_free(nodes)
+            new_users = self.secrets.ensure(self.users) if self.secure else []
             log.info("reusing the storage in %s (cluster %s, ports %s)", self.data_dir,
                      previous.cluster_id, ", ".join(str(n.port) for n in nodes))
             self._render(files, nodes)
-            return _Plan(java, previous.cluster_id, nodes, t0, reused=True)
+            return _Plan(java, previous.cluster_id, nodes, t0, reused=True, new_users=new_users)
 
         for f in files:
             if f.holds_files():
@@ -629,11 +695,16 @@ class LocalKafka:
         ports = pick_free_ports(2 * self.nodes)
         nodes = [NodeState(i + 1, None, ports[2 * i], ports[2 * i + 1])
                  for i in range(self.nodes)]
+        scram: list[str] = []
+        if self.secure:
+            self.secrets.ensure(self.users)
+            scram = self.secrets.scram_args()
         self._render(files, nodes)
         cluster_id = self._storage_tool(java, "random-uuid").strip().splitlines()[-1]
         for f in files:
             extra = ("--standalone",) if self.nodes == 1 else ()
-            self._storage_tool(java, "format", *extra, "-t", cluster_id, "-c", str(f.properties))
+            self._storage_tool(java, "format", *extra, "-t", cluster_id, "-c", str(f.properties),
+                               *scram)
         # recorded before the first launch: a start that fails after formatting is resumed by the
         # next start on the same ports, never formatted again
         self._write_state(cluster_id, nodes, t0, started=False)
@@ -641,12 +712,31 @@ class LocalKafka:
 
     def _render(self, files: list[_NodeFiles], nodes: list[NodeState]) -> None:
         template = (self.deploy / "server.properties.template").read_text()
+        fragment = (self.deploy / SECURE_FRAGMENT).read_text() if self.secure else None
         voters = {n.node_id: n.controller_port for n in nodes} if len(nodes) > 1 else None
         for f, node in zip(files, nodes, strict=True):
             f.root.mkdir(parents=True, exist_ok=True)
-            f.properties.write_text(render_server_properties(
+            text = render_server_properties(
                 template, port=node.port, controller_port=node.controller_port,
-                log_dir=f.log_dir, node_id=node.node_id, voters=voters))
+                log_dir=f.log_dir, node_id=node.node_id, voters=voters)
+            if fragment is None:
+                f.properties.write_text(text)
+                continue
+            sec = self.secrets
+            text = merge_properties(text, string.Template(fragment).substitute(
+                port=node.port, controller_port=node.controller_port, admin_user=ADMIN_USER,
+                admin_password=sec.password(ADMIN_USER), keystore=sec.keystore,
+                truststore=sec.ca_cert))
+            # it holds the broker's password: readable by its owner only
+            fd = os.open(f.properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.chmod(f.properties, 0o600)
+        if self.secure:
+            # the metadata log holds the SCRAM credentials (salted), the configs a password
+            os.chmod(self.data_dir, 0o700)
+            self.secrets.write_env_files(_bootstrap_of(nodes))
+            self.secrets.write_client_properties()
 
     def _java_base(self, java: str, logs: Path | None = None) -> list[str]:
         return [
@@ -723,6 +813,7 @@ class LocalKafka:
     def _write_state(self, cluster_id: str, nodes: list[NodeState], t0: float,
                      started: bool = True) -> None:
         first = nodes[0]
+        secure = self.secure
         write_state(
             self.state_file,
             BrokerState(
@@ -735,6 +826,7 @@ class LocalKafka:
                 started_at=time.time(),
                 start_seconds=round(time.perf_counter() - t0, 3) if started else 0.0,
                 nodes=tuple(nodes),
+                secure=secure,
             ),
         )
 
@@ -774,14 +866,36 @@ class LocalKafka:
         except BrokerNotReadyError as exc:
             raise self._fail(procs, str(exc)) from exc
         self._check_alive(procs)
+        self._add_users(plan, bootstrap)
         return self._finish(plan, procs)
 
     async def _wait_cluster(self, bootstrap: str, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        await wait_ready(bootstrap, timeout)
+        security = self.admin_security
+        await wait_ready(bootstrap, timeout, security=security)
         if self.nodes > 1:
-            await wait_brokers(bootstrap, self.nodes, max(1.0, deadline - loop.time()))
+            await wait_brokers(bootstrap, self.nodes, max(1.0, deadline - loop.time()),
+                               security=security)
+
+    def _add_users(self, plan: _Plan, bootstrap: str) -> None:
+        """SCRAM credentials for users that got a password after the format (a restart with
+        new ``users``), through the admin API (``kafka.admin.ConfigCommand``)."""
+        if not plan.new_users:
+            return
+        config = self.secrets.client_properties(ADMIN_USER)
+        for user in plan.new_users:
+            cmd = [*self._java_base(plan.java), "kafka.admin.ConfigCommand",
+                   "--bootstrap-server", bootstrap, "--command-config", str(config),
+                   "--alter", "--entity-type", "users", "--entity-name", user,
+                   "--add-config", f"SCRAM-SHA-512=[password={self.secrets.password(user)}]"]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+            if out.returncode != 0:
+                # the password file is removed: the next start tries again
+                self.secrets.password_file(user).unlink(missing_ok=True)
+                raise BrokerStartError(f"adding SCRAM user {user!r} failed",
+                                       log_tail=(out.stdout + out.stderr).strip()[-4000:])
+            log.info("added SCRAM-SHA-512 user %s", user)
 
     async def astart(self, timeout: float = 90.0) -> str:
         """:meth:`start` for async callers (the blocking steps run in a worker thread; the broker
@@ -803,6 +917,7 @@ class LocalKafka:
         except BrokerNotReadyError as exc:
             raise await asyncio.to_thread(self._fail, procs, str(exc)) from exc
         self._check_alive(procs)
+        await asyncio.to_thread(self._add_users, plan, _bootstrap_of(plan.nodes))
         return self._finish(plan, procs)
 
     # -- one node of a cluster (fault tests) ----------------------------------------------------
@@ -862,7 +977,8 @@ class LocalKafka:
         count = len(state.node_states())
         try:
             run_sync(lambda: wait_brokers(state.bootstrap, count,
-                                          max(1.0, deadline - time.monotonic())))
+                                          max(1.0, deadline - time.monotonic()),
+                                          security=self.admin_security))
         except BrokerNotReadyError as exc:
             raise self._fail(procs, str(exc)) from exc
         self._set_pid(node_id, proc.pid)

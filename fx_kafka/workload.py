@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from broker_schema import topics
-from fx_kafka.client import create_topics
+from fx_kafka.client import create_topics, make_admin
 from fx_kafka.errors import RetentionTooShortError, TopicConfigError
 
 #: Per-workload topics use the broker's append time as the record timestamp: deadlines, timeouts
@@ -43,7 +42,7 @@ async def ensure_workload_topics(bootstrap: str, workload_id: str, *,
 
 async def topic_configs(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
     """The effective configs of ``names`` (``{topic: {key: value}}``), by DescribeConfigs."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap)
     try:
         await admin.start()
         responses = await admin.describe_configs(

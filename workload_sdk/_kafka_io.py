@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from aiokafka import TopicPartition
 
 from broker_schema import DecodeError, FactsRecord, SnapshotRecord, decode, topics
-from fx_kafka.client import make_consumer
+from fx_kafka.client import check_authorized, make_consumer
 from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
 
 
@@ -21,6 +21,7 @@ async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
+        await check_authorized(consumer, [topic])  # a denied topic: said at once
         begin = (await consumer.beginning_offsets([tp]))[tp]
         end = (await consumer.end_offsets([tp]))[tp]
         view = TopicView(topic=topic, start=begin, end=begin)

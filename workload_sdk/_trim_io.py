@@ -12,10 +12,10 @@ import logging
 import time
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 
 from broker_schema import topics
-from fx_kafka.client import make_consumer
+from fx_kafka.client import make_admin, make_consumer
 from workload_sdk._kafka_io import read_topic
 from workload_sdk._logview import TopicView, WorkloadLog
 from workload_sdk._trim import TRIMMED, TrimPlan, horizon_cutoff_ms, latest_spec, plan_trim
@@ -70,7 +70,7 @@ async def delete_below(bootstrap: str, before: dict[str, int]) -> dict[str, int]
     the log start offsets (low watermarks) the broker reports."""
     if not before:
         return {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap)
     try:
         await admin.start()
         result = await admin.delete_records(

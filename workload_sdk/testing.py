@@ -38,6 +38,7 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.client import make_producer
+from fx_kafka.security import child_env
 from fx_kafka.workload import ensure_workload_topics
 from workload_sdk._api import body_of, module_hash
 from workload_sdk._kafka_io import read_workload_log
@@ -50,7 +51,8 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
+    # the client security in force (fx_kafka.security.use_security) goes to the child too
+    env = child_env(dict(os.environ))
     # the checkout first, so a process sees the same code as the test (editable or not)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
     return env

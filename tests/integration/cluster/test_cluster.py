@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from broker_schema import INFERENCE_KIND, MergeEntry, OutputRecord, decode, topics
+from fx_kafka.client import make_admin
 from fx_kafka.local import LocalKafka
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics, topic_configs
 from workload_sdk import WorkloadLog, replay
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 async def _leaders(bootstrap: str, names: list[str]) -> dict[str, tuple[int, list[int], list[int]]]:
     """``{topic: (leader, replicas, isr)}`` of partition 0 of each topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap)
     await admin.start()
     try:
         described = await admin.describe_topics(names)

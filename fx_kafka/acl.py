@@ -1,0 +1,354 @@
+"""The ACLs the design implies, for a broker with an authorizer (``fx acl apply``).
+
+Roles and what each may do (``User:<name>`` principals, SASL user names):
+
+============  =================================================================================
+executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an input may be a stream
+              reference into its own workload) and writes ``wl.<id>.resp``; writes ``sys.facts``
+              and ``sys.rejects``, reads and writes ``sys.chunks`` (and may create those three);
+              joins the consumer groups ``<group prefix>.<kind>``. Nothing else: it cannot write
+              ``.out``, ``.merge``, ``.claims`` or ``.spec``.
+holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
+              describe their configs, delete records for ``fx trim``) and its transactional id
+              ``fx-holder.<id>``; reads ``sys.facts``. One holder principal per workload keeps
+              workloads apart: the holder of one cannot read or write another's streams.
+producer      writes ``wl.<id>.in`` only.
+operator      reads and describes every topic (``*``); writes ``wl.<id>.spec``, creates the
+              workload's topics and deletes records below the audit horizon (``fx trim``).
+============  =================================================================================
+
+Pattern types. Kafka matches a resource name LITERAL (one name, or ``*`` for all), or PREFIXED
+(every name starting with the pattern); there is no suffix or glob match, so "every workload's
+``.out``" cannot be one ACL. Workload ids hold no ``.`` (``broker_schema.topics``), so the prefix
+``wl.<id>.`` names exactly one workload's topics: the holder gets that PREFIXED pattern (its
+future streams, shadow ones among them, included), the executor and producer get LITERAL names
+per workload, and ``fx acl apply --workload ID`` is run for each workload (idempotent: creating
+an ACL that exists changes nothing). A prefix of ``wl.`` would have given the executor every
+``.merge`` and ``.in`` of every workload.
+
+ACLs are created with the CreateAcls API through aiokafka's protocol classes (its admin client
+has no ACL methods), as the broker's super user (``fx broker start --secure`` writes its
+``admin.env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from aiokafka.errors import for_code
+from aiokafka.protocol.admin import (
+    CreateAclsRequest_v1,
+    DescribeAclsRequest_v1,
+)
+from aiokafka.protocol.api import Request
+
+from broker_schema import topics
+from fx_kafka.client import make_admin
+from fx_kafka.security import ClientSecurity
+
+__all__ = [
+    "AclBinding",
+    "Operation",
+    "PatternType",
+    "ResourceType",
+    "Roles",
+    "apply_acls",
+    "describe_acls",
+    "plan_acls",
+    "register",
+]
+
+
+class ResourceType(IntEnum):
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+
+
+class PatternType(IntEnum):
+    ANY = 1
+    MATCH = 2
+    LITERAL = 3
+    PREFIXED = 4
+
+
+class Operation(IntEnum):
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+_ALLOW = 3
+_ANY_PERMISSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class AclBinding:
+    """One ALLOW rule: ``principal`` may ``operation`` on the resource, from any host."""
+
+    principal: str
+    resource_type: ResourceType
+    name: str
+    pattern: PatternType
+    operation: Operation
+
+    def __str__(self) -> str:
+        return (f"ALLOW {self.principal} {self.operation.name} {self.resource_type.name} "
+                f"{self.name} ({self.pattern.name})")
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The SASL user of each role; None leaves a role out."""
+
+    executor: str | None = "executor"
+    holder: str | None = "holder"
+    producer: str | None = "producer"
+    operator: str | None = "operator"
+    #: the executor's consumer groups are ``<executor_group_prefix>.<kind>``
+    executor_group_prefix: str = "fx-executor"
+
+
+def _user(name: str) -> str:
+    return name if name.startswith("User:") else f"User:{name}"
+
+
+def _grant(principal: str, rtype: ResourceType, name: str, pattern: PatternType,
+           *ops: Operation) -> list[AclBinding]:
+    return [AclBinding(principal, rtype, name, pattern, op) for op in ops]
+
+
+def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
+    """The ACLs of ``roles``: the global ones (system topics, groups, read-all) and, per
+    workload id, its streams' (see the module docstring). Sorted, no duplicates. Pure."""
+    T, G, X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+    LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
+    R, W, C, D = Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE
+    out: list[AclBinding] = []
+    if roles.executor:
+        ex = _user(roles.executor)
+        out += _grant(ex, T, topics.FACTS, LIT, W, D, C)
+        out += _grant(ex, T, topics.REJECTS, LIT, W, D, C)
+        out += _grant(ex, T, topics.CHUNKS, LIT, R, W, D, C)
+        out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
+    if roles.operator:
+        op = _user(roles.operator)
+        out += _grant(op, T, "*", LIT, R, D, Operation.DESCRIBE_CONFIGS)
+    if roles.holder:
+        out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
+    for wid in dict.fromkeys(workloads):
+        topics.check_workload_id(wid)
+        if roles.executor:
+            ex = _user(roles.executor)
+            for name in (topics.out(wid), topics.claims(wid), topics.spec(wid),
+                         topics.inputs(wid)):
+                out += _grant(ex, T, name, LIT, R, D)
+            out += _grant(ex, T, topics.resp(wid), LIT, W, D)
+        if roles.holder:
+            ho = _user(roles.holder)
+            out += _grant(ho, T, topics.prefix(wid), PRE, R, W, C, D, Operation.DESCRIBE_CONFIGS,
+                          Operation.DELETE)
+            out += _grant(ho, X, f"fx-holder.{wid}", LIT, W, D)
+        if roles.producer:
+            out += _grant(_user(roles.producer), T, topics.inputs(wid), LIT, W, D)
+        if roles.operator:
+            op = _user(roles.operator)
+            out += _grant(op, T, topics.prefix(wid), PRE, C)
+            out += _grant(op, T, topics.spec(wid), LIT, W)
+            for name in (topics.inputs(wid), topics.out(wid), topics.resp(wid),
+                         topics.merge(wid)):
+                out += _grant(op, T, name, LIT, Operation.DELETE)
+    return sorted(set(out))
+
+
+class _CreateAcls(Request[CreateAclsRequest_v1]):  # type: ignore[misc]
+    API_KEY = 30
+
+    def __init__(self, bindings: Sequence[AclBinding]) -> None:
+        self._bindings = bindings
+
+    def build(self, request_struct_class: type[CreateAclsRequest_v1]) -> CreateAclsRequest_v1:
+        return request_struct_class([
+            (int(b.resource_type), b.name, int(b.pattern), b.principal, "*", int(b.operation),
+             _ALLOW) for b in self._bindings])
+
+
+class _DescribeAcls(Request[DescribeAclsRequest_v1]):  # type: ignore[misc]
+    API_KEY = 29
+
+    def __init__(self, principal: str | None) -> None:
+        self._principal = principal
+
+    def build(self, request_struct_class: type[DescribeAclsRequest_v1]
+              ) -> DescribeAclsRequest_v1:
+        return request_struct_class(int(ResourceType.ANY), None, int(PatternType.ANY),
+                                    self._principal, None, int(Operation.ANY), _ANY_PERMISSION)
+
+
+async def apply_acls(bootstrap: str, bindings: Sequence[AclBinding], *,
+                     security: ClientSecurity | None = None, batch: int = 100) -> None:
+    """Create ``bindings`` (idempotent). Raises the broker's error for the first one refused
+    (``ClusterAuthorizationFailedError`` when the caller is not allowed to alter ACLs,
+    ``SecurityDisabledError`` when the broker has no authorizer)."""
+    if not bindings:
+        return
+    admin = make_admin(bootstrap, security=security)
+    try:
+        await admin.start()
+        for i in range(0, len(bindings), batch):
+            chunk = bindings[i:i + batch]
+            resp = await admin._send_request(_CreateAcls(chunk))
+            for binding, (code, message) in zip(chunk, resp.creation_responses, strict=True):
+                if code:
+                    raise for_code(code)(f"creating {binding}: {message}")
+    finally:
+        await admin.close()
+
+
+async def describe_acls(bootstrap: str, *, principal: str | None = None,
+                        security: ClientSecurity | None = None) -> list[AclBinding]:
+    """The ALLOW ACLs on the broker (of ``principal`` if given), sorted."""
+    admin = make_admin(bootstrap, security=security)
+    try:
+        await admin.start()
+        resp = await admin._send_request(
+            _DescribeAcls(_user(principal) if principal else None))
+    finally:
+        await admin.close()
+    if resp.error_code:
+        raise for_code(resp.error_code)(resp.error_message or "DescribeAcls failed")
+    found: list[AclBinding] = []
+    for rtype, name, pattern, acls in resp.resources:
+        for who, _host, operation, permission in acls:
+            if permission != _ALLOW:
+                continue
+            try:
+                found.append(AclBinding(who, ResourceType(rtype), name, PatternType(pattern),
+                                        Operation(operation)))
+            except ValueError:
+                continue  # a resource type or operation this module does not name
+    return sorted(found)
+
+
+async def existing_workloads(bootstrap: str, *,
+                             security: ClientSecurity | None = None) -> list[str]:
+    """The ids of the workloads that have a ``wl.<id>.spec`` topic on the broker."""
+    admin = make_admin(bootstrap, security=security)
+    try:
+        await admin.start()
+        names = await admin.list_topics()
+    finally:
+        await admin.close()
+    found = []
+    for name in names:
+        parsed = _parse(name)
+        if parsed is not None and parsed[1] == "spec":
+            found.append(parsed[0])
+    return sorted(found)
+
+
+def _parse(name: str) -> tuple[str, str] | None:
+    try:
+        wid, stream = topics.parse(name)
+    except ValueError:
+        return None
+    return wid, stream
+
+
+# -- fx acl -----------------------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fx acl apply`` and ``fx acl list``."""
+    acl = subparsers.add_parser(
+        "acl", help="write or list the ACLs of the project's roles (a secured broker)",
+        description="The ACLs of the roles executor, holder, producer and operator "
+        "(docs/operations.md, 'Security: authentication and ACLs'). Run as the broker's super "
+        "user (e.g. `. .fx/broker/security/admin.env`).")
+    actions = acl.add_subparsers(dest="acl_command", metavar="{apply,list}")
+    actions.required = True
+
+    def bootstrap(p: argparse.ArgumentParser) -> None:
+        import os
+
+        p.add_argument("--bootstrap", default=os.environ.get("FX_KAFKA_BOOTSTRAP",
+                                                             "127.0.0.1:9092"),
+                       help="broker address (default: $FX_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+
+    apply = actions.add_parser("apply", help="create the ACLs (idempotent)")
+    bootstrap(apply)
+    apply.add_argument("--workload", action="append", default=[], metavar="ID",
+                       help="a workload to grant its streams for (repeatable)")
+    apply.add_argument("--existing", action="store_true",
+                       help="also every workload with a wl.<id>.spec topic on the broker")
+    for role, default in (("executor", "executor"), ("holder", "holder"),
+                          ("producer", "producer"), ("operator", "operator")):
+        apply.add_argument(f"--{role}", default=default, metavar="USER",
+                           help=f"the {role} role's SASL user (default {default!r}; '' leaves "
+                           "the role out)")
+    apply.add_argument("--executor-group-prefix", default="fx-executor",
+                       help="the executor's group_prefix (default fx-executor)")
+    apply.add_argument("--dry-run", action="store_true", help="print the ACLs, create nothing")
+    apply.set_defaults(func=cmd_apply)
+
+    listing = actions.add_parser("list", help="print the ACLs on the broker")
+    bootstrap(listing)
+    listing.add_argument("--principal", default=None, help="only this user's")
+    listing.set_defaults(func=cmd_list)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    roles = Roles(executor=args.executor or None, holder=args.holder or None,
+                  producer=args.producer or None, operator=args.operator or None,
+                  executor_group_prefix=args.executor_group_prefix)
+    try:
+        workloads = [topics.check_workload_id(w) for w in args.workload]
+    except ValueError as exc:
+        print(f"fx acl apply: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> int:
+        wanted = list(workloads)
+        if args.existing:
+            wanted += await existing_workloads(args.bootstrap)
+        bindings = plan_acls(roles, wanted)
+        for binding in bindings:
+            print(binding)
+        if args.dry_run:
+            print(f"(dry run: {len(bindings)} ACLs, nothing created)", file=sys.stderr)
+            return 0
+        await apply_acls(args.bootstrap, bindings)
+        print(f"applied {len(bindings)} ACLs for {len(dict.fromkeys(wanted))} workload(s)",
+              file=sys.stderr)
+        return 0
+
+    try:
+        return asyncio.run(run())
+    except Exception as exc:  # the broker's refusal, an unreachable broker: one line, exit 1
+        print(f"fx acl apply: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    try:
+        found = asyncio.run(describe_acls(args.bootstrap, principal=args.principal))
+    except Exception as exc:
+        print(f"fx acl list: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 1
+    for binding in found:
+        print(binding)
+    return 0
