@@ -17,12 +17,15 @@ from typing import Any
 from broker_schema import (
     ClaimRecord,
     DecodeError,
+    EncodeError,
     FactsRecord,
     Record,
     SpecRecord,
     canonical_json,
     decode,
+    topics,
 )
+from broker_schema.topics import check_workload_id
 
 #: The per-workload streams, by their short name.
 STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
@@ -38,6 +41,16 @@ class LogGap(Exception):
         self.topic = topic
         self.offset = offset
         self.why = why
+
+
+class LogFileError(ValueError):
+    """A JSONL log file that is not a log: a line that is not JSON, a row without its fields, a
+    topic that is not a stream, a value that has no canonical bytes. ``line`` is 1-based."""
+
+    def __init__(self, line: int, detail: str) -> None:
+        super().__init__(f"line {line}: {detail}")
+        self.line = line
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +119,7 @@ class WorkloadLog:
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:
         """A log with no records."""
-        return cls(workload_id, {s: TopicView(f"wl.{workload_id}.{s}") for s in STREAMS})
+        return cls(workload_id, {s: TopicView(topics.stream(workload_id, s)) for s in STREAMS})
 
     def __getitem__(self, stream: str) -> TopicView:
         return self.views[stream]
@@ -147,24 +160,66 @@ class WorkloadLog:
     @classmethod
     def from_jsonl(cls, path: Path, workload_id: str | None = None) -> WorkloadLog:
         """Read a log written by :meth:`to_jsonl` (or by hand: ``start``/``end`` lines are
-        optional). Values are stored as their canonical bytes."""
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        wid = workload_id or _guess_workload_id(rows)
-        log = cls.empty(wid)
-        for row in rows:
-            topic = row["topic"]
-            if topic == "facts":
-                fact = decode(canonical_json(row["value"]))
-                if isinstance(fact, FactsRecord):
-                    log.facts.append(fact)
+        optional). Values are stored as their canonical bytes; a value that is not a valid record
+        is kept (replay reports it as ``undecodable`` where it needs it). Anything that is not a
+        log line raises :class:`LogFileError`, and nothing else does."""
+        rows: list[tuple[int, dict[str, Any]]] = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
                 continue
-            view = log.views[topic]
-            if "value" not in row:
-                view.start = int(row.get("start", 0))
-                view.end = max(view.end, int(row.get("end", 0)))
-                continue
-            view.add(LogRecord(int(row["offset"]), int(row["ts"]), canonical_json(row["value"])))
+            try:
+                row = json.loads(line, parse_constant=_no_constant)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                raise LogFileError(number, f"not JSON: {type(exc).__name__}: "
+                                   f"{str(exc)[:200]}") from None
+            if not isinstance(row, dict):
+                raise LogFileError(number, f"a log line is an object, not {type(row).__name__}")
+            rows.append((number, row))
+        try:
+            wid = workload_id or _guess_workload_id([row for _, row in rows])
+            log = cls.empty(check_workload_id(wid))
+        except ValueError as exc:
+            raise LogFileError(0, str(exc)) from None
+        for number, row in rows:
+            try:
+                log._add_row(row)
+            except LogFileError:
+                raise
+            except (KeyError, TypeError, ValueError, OverflowError, RecursionError,
+                    EncodeError) as exc:
+                raise LogFileError(number, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         return log
+
+    def _add_row(self, row: dict[str, Any]) -> None:
+        topic = row["topic"]
+        if topic == "facts":
+            try:
+                fact = decode(canonical_json(row["value"]))
+            except DecodeError as exc:
+                raise ValueError(f"facts value is not a record: {exc}") from None
+            if isinstance(fact, FactsRecord):
+                self.facts.append(fact)
+            return
+        if not isinstance(topic, str) or topic not in self.views:
+            raise ValueError(f"topic {str(topic)[:60]!r} is not one of {list(STREAMS)}")
+        view = self.views[topic]
+        if "value" not in row:
+            view.start = _offset(row.get("start", 0), "start")
+            view.end = max(view.end, _offset(row.get("end", 0), "end"))
+            return
+        view.add(LogRecord(_offset(row["offset"], "offset"), _offset(row["ts"], "ts"),
+                           canonical_json(row["value"])))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _offset(value: Any, name: str) -> int:
+    """A non-negative JSON integer (offsets, times): not a float, a string or a boolean."""
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be a non-negative integer, not {str(value)[:40]!r}")
+    return value
 
 
 def _guess_workload_id(rows: list[dict[str, Any]]) -> str:

@@ -188,6 +188,11 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
     malformed = _malformed(receipt)
     if malformed:
         return malformed, passed
+    try:  # NaN, mixed-type keys, lone surrogates, nesting deeper than the JSON encoder goes
+        signing_bytes(receipt)
+        receipt_hash(receipt)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return [MALFORMED + f"not encodable as canonical JSON ({type(exc).__name__})"], passed
     extra = sorted(set(receipt) - set(_FIELDS))
     if extra:
         reasons.append(f"receipt has unknown fields: {', '.join(extra)}")
@@ -217,8 +222,13 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
     else:
         passed.append("output_hash")
     if prev is not None:
-        link = receipt_hash(prev)
-        if receipt["prev_receipt_hash"] != link:
+        try:
+            link = receipt_hash(prev) if isinstance(prev, dict) else None
+        except (TypeError, ValueError, RecursionError):
+            link = None
+        if link is None:
+            reasons.append("chain broken: the previous receipt is not a canonical JSON object")
+        elif receipt["prev_receipt_hash"] != link:
             reasons.append(f"chain broken: prev_receipt_hash {receipt['prev_receipt_hash']} "
                            f"!= hash of previous receipt {link}")
         elif not _is_int(prev.get("seq")) or receipt["seq"] != prev["seq"] + 1:
@@ -279,13 +289,16 @@ def load_receipts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     text = Path(path).read_text(encoding="utf-8").strip()
     if not text:
         return []
-    if text[0] == "[":
-        items = json.loads(text)
-    else:
-        try:
-            items = [json.loads(text)]
-        except json.JSONDecodeError:
-            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        if text[0] == "[":
+            items = json.loads(text)
+        else:
+            try:
+                items = [json.loads(text)]
+            except json.JSONDecodeError:
+                items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except RecursionError:  # a JSON decode error is already a ValueError
+        raise ValueError(f"{path}: nested too deeply to be a receipt") from None
     if not isinstance(items, list) or not all(isinstance(r, dict) for r in items):
         raise ValueError(f"{path}: every receipt must be a JSON object")
     return [dict(r) for r in items]
