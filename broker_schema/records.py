@@ -26,6 +26,12 @@ Hash = Annotated[str, Field(pattern=HASH_PATTERN)]
 WorkloadId = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=MAX_WORKLOAD_ID_LEN)
 ]
+#: A topic a spec may grant to its requests' stream references: a workload stream.
+InputTopic = Annotated[
+    str,
+    Field(pattern=r"^wl\.[A-Za-z0-9][A-Za-z0-9_-]*\.(in|spec|claims|out|resp|merge)$",
+          max_length=MAX_WORKLOAD_ID_LEN + 10),
+]
 #: An effect kind with its interface version, e.g. ``ninelives:inference/run@0.1.0``.
 _NAME = r"[a-z0-9][a-z0-9._-]*"
 EffectKind = Annotated[str, Field(pattern=rf"^{_NAME}:{_NAME}(/{_NAME})*@\d+\.\d+\.\d+$")]
@@ -52,6 +58,7 @@ ErrorCode = Literal[
     "deadline_passed",  # the request's deadline had passed when the executor read it
     "no_spec",  # the executor has seen no spec for the workload
     "input_missing",  # a referenced input (chunk, stream record) could not be read
+    "input_forbidden",  # the input names a stream the request may not read (not its own .in)
     "input_hash_mismatch",  # a referenced input did not hash to its reference
     "input_invalid",  # the input is not what the model's interface expects
     "params_invalid",  # a parameter is unknown or out of range for the interface
@@ -72,6 +79,7 @@ ERROR_RETRIABLE: dict[str, bool] = {
     "deadline_passed": True,
     "no_spec": True,
     "input_missing": False,
+    "input_forbidden": False,
     "input_hash_mismatch": False,
     "input_invalid": False,
     "params_invalid": False,
@@ -317,6 +325,13 @@ class SpecRecord(_Model):
     #: Response and merge records are kept at least this long (None: forever).
     audit_horizon_ms: Millis | None = None
     snapshot_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    #: Topics beyond the workload's own ``wl.<id>.in`` that its requests' stream references may
+    #: name (workload topics only, ``wl.<id>.<stream>``; never ``sys.*``). Optional and left out
+    #: of the canonical bytes when empty, so a spec granting nothing keeps the bytes and hash it
+    #: had before the field existed; a decoder that predates it refuses a spec that grants
+    #: (``invalid_record``): it fails closed, never reads a grant as nothing.
+    input_topics: tuple[InputTopic, ...] = Field(default=(), exclude_if=lambda v: not v,
+                                                 max_length=64)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

@@ -72,6 +72,13 @@ class ExecutorConfig(BaseModel):
     preload: list[str] | Literal["all"] = "all"
     #: Concurrent engine calls (each a thread); each call may run a batch.
     workers: Annotated[int, Field(ge=1, le=256)] = 1
+    #: Referenced inputs (stream records, chunks) read at once, apart from the engine workers:
+    #: a slow or missing input holds one of these, never a worker or another request.
+    input_fetchers: Annotated[int, Field(ge=1, le=256)] = 4
+    #: The longest one attempt at reading a referenced stream record may take (metadata, offsets,
+    #: fetch); an attempt that runs over counts as the broker unreachable and is retried with
+    #: backoff, until the request's executor lease lapses (then ``input_missing``).
+    input_attempt_s: Annotated[float, Field(gt=0, le=600)] = 10.0
     #: Largest batch of concurrent requests for one model handed to the engine at once.
     max_batch: Annotated[int, Field(ge=1, le=4096)] = 8
     #: ONNX Runtime intra-op threads per session (0: ONNX Runtime's default).

@@ -14,11 +14,14 @@ The rules, in the order they are checked for an effect request on ``wl.<id>.out`
 3. ``no_spec``: no spec seen on ``.spec`` for the workload;
 4. ``kind_unbound``: the latest spec does not list the effect kind;
 5. ``model_unbound``: the request's model hash is not among ``spec.models_at(input_offset)``;
-6. ``deadline_passed``: ``now_ms > append_ms + deadline_ms`` (append time of the request on
+6. ``input_forbidden``: its input is a stream reference to a topic other than the workload's own
+   ``wl.<id>.in`` and the spec's ``input_topics`` (see :func:`input_problem`): refused before
+   anything of that topic is asked of the broker;
+7. ``deadline_passed``: ``now_ms > append_ms + deadline_ms`` (append time of the request on
    ``.out``: per-workload topics use LogAppendTime);
-7. ``model_unknown`` / ``model_hash_mismatch``: the model store's answer for the hash;
-8. ``backpressure`` (outcome, not an error): the kind's queue (waiting + running) is full;
-9. otherwise **admitted**: an ``accepted`` record, and a job in the in-flight table.
+8. ``model_unknown`` / ``model_hash_mismatch``: the model store's answer for the hash;
+9. ``backpressure`` (outcome, not an error): the kind's queue (waiting + running) is full;
+10. otherwise **admitted**: an ``accepted`` record, and a job in the in-flight table.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Literal
 
 from pydantic import JsonValue
 
+from broker_schema import topics
 from broker_schema.records import (
     AcceptedRecord,
     Body,
@@ -39,6 +43,7 @@ from broker_schema.records import (
     ExecutorInfo,
     ResponseRecord,
     SpecRecord,
+    StreamRef,
     Timing,
 )
 
@@ -54,6 +59,7 @@ __all__ = [
     "WorkloadView",
     "decide",
     "error_response",
+    "input_problem",
     "ok_response",
 ]
 
@@ -256,6 +262,9 @@ def decide(
                 "model_unbound",
                 f"{request.model} is not bound at input offset {header.input_offset}",
             )
+    problem = input_problem(request, spec)
+    if problem is not None:
+        return refuse("input_forbidden", problem)
     deadline_at = append_ms + request.deadline_ms
     if now_ms > deadline_at:
         return refuse(
@@ -288,6 +297,48 @@ def decide(
         accepted_us=now_us,
     )
     return Admit(accepted=accepted, job=job)
+
+
+def _what(topic: str) -> str:
+    """What kind of topic ``topic`` is, for a refusal message (people only)."""
+    shown = repr(topic[:120]) + ("..." if len(topic) > 120 else "")
+    if topic.startswith("sys."):
+        return f"{shown} is a system topic"
+    try:
+        workload_id, stream = topics.parse(topic)
+    except ValueError:
+        return f"{shown} is not a workload topic"
+    return f"{shown} is the {stream} stream of workload {workload_id}"
+
+
+def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None:
+    """Why ``request``'s input may not be read (the ``input_forbidden`` message), or None.
+
+    A request reads only what belongs to its workload (``request.header.workload_id``, which the
+    service has checked is the workload of the ``.out`` topic it was read from):
+
+    - an inline body, or no input: always;
+    - a chunk reference: always. Chunks are content-addressed and shared: naming a chunk's sha256
+      is having been given it (it cannot be derived without the bytes), and a chunk yields
+      nothing beyond the bytes that hash to the name;
+    - a stream reference: only the workload's own ``wl.<id>.in``, or a topic the spec lists in
+      ``input_topics`` (workload topics only; the spec's validation refuses ``sys.*``). Nothing
+      else: ``sys.facts``, ``sys.chunks``, another workload's topics, the workload's own ``.out``,
+      ``.resp``, ``.merge``, ``.claims`` and ``.spec``, and any malformed name.
+
+    Pure: no I/O. The service asks it (through :func:`decide`) before anything of the named
+    topic is asked of the broker, so a forbidden or malformed name never reaches it.
+    """
+    body = request.input
+    if not isinstance(body, StreamRef):
+        return None
+    own = topics.inputs(request.header.workload_id)
+    if body.topic == own:
+        return None
+    if spec is not None and body.topic in spec.input_topics:
+        return None
+    return (f"a request of workload {request.header.workload_id} may read {own} and the topics "
+            f"its spec grants (input_topics), and {_what(body.topic)}")
 
 
 def ok_response(

@@ -10,8 +10,11 @@ Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscrib
 2. catch up on the workload's ``.claims`` and ``.spec`` (a side consumer reads both up to their end
    offsets at reading time), check the model store, and ask :func:`executor.core.decide`;
 3. refusals and backpressure: one signed ``response``; admitted: ``accepted`` (acks=all), then the
-   job goes to the scheduler, which hands batches of jobs for one model to a worker; the engine
-   runs in a thread pool, so the event loop (and the consumer's heartbeat) never waits on it;
+   job's input is read in a task of its own (at most ``input_fetchers`` at once; a stream reference
+   is checked against the cluster metadata first, so a missing topic is a prompt ``input_missing``
+   and is never created), and only then does the job go to the scheduler, which hands batches of
+   jobs for one model to a worker: no worker waits on one request's input while others queue; the
+   engine runs in a thread pool, so the event loop (and the consumer's heartbeat) never waits on it;
 4. the signed response is written (acks=all); only then is the request's offset settled, and the
    consumer commits the lowest unsettled offset of each partition it still owns.
 
@@ -30,7 +33,8 @@ lost ``accepted`` ack, a commit, a poll, a stream read) is retried with backoff,
 put a record on the log twice; for ``response`` and ``accepted`` that is the "answered twice"
 case above. A commit that fails is left to the next poll: the offset is settled, only its commit
 waits, and a request whose commit was lost is answered again. A stream input that cannot be
-read while the broker is down is waited for, never answered ``input_missing``.
+read while the broker is down is waited for, in its own fetch task, and answered ``input_missing``
+only once the request's executor lease has lapsed (the holder has written ``unknown`` by then).
 
 Shutdown (SIGTERM): stop reading, give in-flight requests ``shutdown_grace_s`` to finish, then
 answer every request still in flight with ``error``/``shutdown`` (retriable) and commit. Only a
@@ -54,7 +58,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    InvalidTopicError,
+    KafkaError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import ValidationError
 
 from broker_schema import DecodeError, topics
@@ -130,6 +142,8 @@ class _Job:
     accepted: tuple[str, bytes, bytes]
     #: the producer generation it was sent with (see ``ExecutorService._renew_producer``)
     accepted_gen: int = 0
+    #: the input's bytes, once read (the job reaches the scheduler only then)
+    data: bytes = b""
 
 
 @dataclass
@@ -238,12 +252,16 @@ class ExecutorService:
         self._side: AIOKafkaConsumer | None = None
         self._side_lock = asyncio.Lock()
         self._watched: dict[str, list[TopicPartition]] = {}
-        self._stream: AIOKafkaConsumer | None = None
+        # Referenced inputs are read apart from the workers, at most ``input_fetchers`` at once
+        # (one idle stream consumer each, made on first use): see ``_fetch_input``.
+        self._fetch_slots = asyncio.Semaphore(config.input_fetchers)
+        self._fetches: set[asyncio.Task[Any]] = set()
+        self._streams: list[AIOKafkaConsumer] = []
+        self._all_streams: set[AIOKafkaConsumer] = set()
         # Offset look-ups go through a consumer that fetches nothing: on a consumer with an
         # assignment, a ListOffsets request queues behind the in-flight long-poll fetch on the
         # same connection and waits up to fetch_max_wait_ms (500 ms) for it.
         self._probe: AIOKafkaConsumer | None = None
-        self._stream_lock = asyncio.Lock()
         self.chunks: ChunkStore = FsChunkStore(config.chunk_dir)
         self._scheduler = _Scheduler()
         self._pool = ThreadPoolExecutor(
@@ -283,8 +301,6 @@ class ExecutorService:
             self.chunks = kstore
         self._side = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
         await self._side.start()
-        self._stream = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
-        await self._stream.start()
         preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
         for model_hash in preload:
             try:
@@ -360,6 +376,8 @@ class ExecutorService:
         while self.state.in_flight and loop.time() < deadline and self._fatal is None:
             await asyncio.sleep(0.05)
         await _finish(self._worker_tasks, timeout=0.0)
+        # inputs still being read: their requests are answered ``shutdown`` below
+        await _finish(list(self._fetches), timeout=0.0)
         await self._await_background()
         queued = {j.job.effect_id: j for j in self._scheduler.drain()}
         leftover = list(self.state.in_flight.values())
@@ -387,9 +405,10 @@ class ExecutorService:
             with contextlib.suppress(KafkaError, IllegalStateError, CommitFailedError):
                 await self._commit(kind, consumer)
             await consumer.stop()
-        for c in (self._side, self._stream, self._probe):
+        for c in (self._side, self._probe, *self._all_streams):
             if c is not None:
-                await c.stop()
+                with contextlib.suppress(KafkaError):
+                    await c.stop()
         if isinstance(self.chunks, KafkaChunkStore):
             await self.chunks.stop()
         if self._retired:
@@ -779,7 +798,7 @@ class ExecutorService:
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
             assert record.model is not None
-            await self._scheduler.put(
+            self._start_fetch(
                 _Job(decision.job, kind, record.model, ack, read_mono, key, tracker, accepted, gen)
             )
 
@@ -877,17 +896,48 @@ class ExecutorService:
             log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)
 
     # ------------------------------------------------------------------------------ inputs
-    async def _resolve(self, body: Body | None, *, depth: int = 0) -> bytes:
+    async def _fetch_input(self, j: _Job) -> None:
+        """Read ``j``'s input, then queue ``j`` for a worker (or answer it with the error).
+
+        Runs as its own task, holding one of ``input_fetchers`` slots while it reads a reference:
+        a slow or missing input delays only its own request, never a worker or a request behind
+        it. It gives up when the request's executor lease lapses (the holder has written
+        ``unknown`` by then, and an answer would only be passed over)."""
+        body = j.job.request.input
+        try:
+            if body is None or isinstance(body, InlineBody):
+                j.data = await self._resolve(body)
+            else:
+                spec = self.state.workload(j.job.request.header.workload_id).spec
+                lease_ms = spec.executor_lease_ms if spec is not None else 30_000
+                give_up_at = j.read_mono + lease_ms / 1000
+                async with self._fetch_slots:
+                    j.data = await self._resolve(body, give_up_at=give_up_at)
+        except OutcomeError as exc:
+            await self._accepted_written(j)  # the error answer follows its accepted on .resp
+            self._answer_job(j, self.state.refusal_executor, None, exc)
+            return
+        await self._scheduler.put(j)
+
+    def _start_fetch(self, j: _Job) -> None:
+        task = self._spawn(self._fetch_input(j))
+        assert isinstance(task, asyncio.Task)
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
+
+    async def _resolve(self, body: Body | None, *, depth: int = 0,
+                       give_up_at: float | None = None) -> bytes:
         """The input's bytes; a reference that cannot be read is ``input_missing`` (an I/O or
         broker error here is that request's outcome, never the worker's, and the service's, end)."""
         try:
-            return await self._resolve_body(body, depth=depth)
+            return await self._resolve_body(body, depth=depth, give_up_at=give_up_at)
         except (OSError, KafkaError) as exc:
             raise OutcomeError(
                 "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _resolve_body(self, body: Body | None, *, depth: int) -> bytes:
+    async def _resolve_body(self, body: Body | None, *, depth: int,
+                            give_up_at: float | None = None) -> bytes:
         if body is None:
             return b""
         if isinstance(body, InlineBody):
@@ -897,7 +947,7 @@ class ExecutorService:
         if isinstance(body, StreamRef):
             if depth > 0:
                 raise OutcomeError("input_invalid", "a stream reference may not name another")
-            value = await self._read_stream(body)
+            value = await self._read_stream(body, give_up_at=give_up_at)
             if body.hash is not None and sha256_hex(value) != body.hash:
                 raise OutcomeError(
                     "input_hash_mismatch",
@@ -912,10 +962,14 @@ class ExecutorService:
             return value
         raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
 
-    async def _read_stream(self, ref: StreamRef) -> bytes:
-        """The record ``ref`` names. While the broker is down the read is retried (with backoff,
-        until the service stops): an input that exists but cannot be reached right now is not
-        ``input_missing``."""
+    async def _read_stream(self, ref: StreamRef, *, give_up_at: float | None = None) -> bytes:
+        """The record ``ref`` names (a topic :func:`executor.core.input_problem` allowed).
+
+        A topic that does not exist, or a partition or offset it does not hold, is a prompt
+        ``input_missing``: the metadata check comes first and never creates a topic. While the
+        broker is down (or an attempt runs over ``input_attempt_s``) the read is retried with
+        backoff, until the service stops or ``give_up_at`` (monotonic) passes: an input that
+        exists but cannot be reached right now is not ``input_missing`` within the lease."""
         attempt = 0
         while True:
             try:
@@ -925,38 +979,119 @@ class ExecutorService:
                     raise EngineError("shutdown", "the executor stopped while the broker was "
                                       f"unavailable: {exc}") from None
                 attempt += 1
+                if give_up_at is not None and \
+                        time.monotonic() + backoff_s(attempt) >= give_up_at:
+                    raise OutcomeError(
+                        "input_missing", f"{ref.topic}/{ref.partition}@{ref.offset} could not be "
+                        f"read within the executor lease ({attempt} attempts): {exc}") from None
                 await self._broker_wait("stream", ref.topic, exc, attempt)
 
+    async def _partitions(self, topic: str) -> set[int] | None:
+        """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
+
+        Asked with ``allow_auto_topic_creation=false``: a broker that auto-creates topics does not
+        create this one. (A consumer's own metadata look-up would: aiokafka asks for a topic it
+        is given with auto-creation allowed, and goes on asking for it.)"""
+        assert self._probe is not None
+        client = self._probe._client
+        node = client.get_random_node()
+        if node is None:
+            raise _Unreachable("no broker in the cluster metadata")
+        try:
+            resp = await client.send(
+                node, MetadataRequest([topic], allow_auto_topic_creation=False))
+        except KafkaError as exc:
+            if broker_unavailable(exc):
+                raise _Unreachable(repr(exc)) from exc
+            raise OutcomeError("input_missing", f"cannot look up {topic}: {exc!r}") from None
+        for entry in resp.topics:
+            code, name, parts = entry[0], entry[1], entry[-1]
+            if name != topic:
+                continue
+            if code == 0:
+                return {int(p[1]) for p in parts}
+            error = for_code(code)
+            if error in (UnknownTopicOrPartitionError, InvalidTopicError):
+                return None
+            if broker_unavailable(error()):  # e.g. no leader right now
+                raise _Unreachable(f"{topic}: {error.__name__}")
+            raise OutcomeError("input_missing", f"cannot read {topic}: {error.__name__}")
+        return None
+
     async def _read_stream_once(self, ref: StreamRef) -> bytes:
-        stream = self._stream
-        assert stream is not None
-        tp = TopicPartition(ref.topic, ref.partition)
-        async with self._stream_lock:
+        """One bounded attempt (``input_attempt_s``) at reading ``ref``, on an idle stream
+        consumer of this task's own (a consumer whose attempt ran over is closed, not reused)."""
+        stream = self._streams.pop() if self._streams else None
+        if stream is None:
+            stream = make_consumer(self.config.bootstrap, isolation_level="read_uncommitted")
             try:
-                assert self._probe is not None
-                first = (await self._probe.beginning_offsets([tp]))[tp]
-                end = (await self._probe.end_offsets([tp]))[tp]
+                await stream.start()
             except KafkaError as exc:
+                with contextlib.suppress(KafkaError):
+                    await stream.stop()
                 if broker_unavailable(exc):
                     raise _Unreachable(repr(exc)) from exc
-                raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
-            if not first <= ref.offset < end:
-                raise OutcomeError(
-                    "input_missing",
-                    f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, "
-                    f"not {ref.offset}",
-                )
-            stream.assign([tp])
-            stream.seek(tp, ref.offset)
-            batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
-            msgs = batch.get(tp, [])
-            if not msgs:
-                # the offset is in the partition's range: nothing fetched means not reachable
-                raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
-            if msgs[0].offset != ref.offset:
-                raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
-            value: bytes = msgs[0].value or b""
-            return value
+                raise
+            self._all_streams.add(stream)
+        try:
+            value = await asyncio.wait_for(self._read_on(stream, ref),
+                                           self.config.input_attempt_s)
+        except TimeoutError:
+            self._retire_stream(stream)
+            raise _Unreachable(f"reading {ref.topic}/{ref.partition}@{ref.offset} took over "
+                               f"{self.config.input_attempt_s} s") from None
+        except (OutcomeError, _Unreachable):
+            self._streams.append(stream)
+            raise
+        except BaseException:  # cancelled mid-read, or a bug: its state is unknown
+            self._retire_stream(stream)
+            raise
+        self._streams.append(stream)
+        return value
+
+    def _retire_stream(self, stream: AIOKafkaConsumer) -> None:
+        self._all_streams.discard(stream)
+
+        async def close() -> None:
+            with contextlib.suppress(KafkaError):
+                await stream.stop()
+
+        task = asyncio.ensure_future(close())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def _read_on(self, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
+        partitions = await self._partitions(ref.topic)
+        if partitions is None:
+            raise OutcomeError("input_missing", f"no topic {ref.topic} in the cluster")
+        if ref.partition not in partitions:
+            raise OutcomeError("input_missing", f"{ref.topic} has no partition {ref.partition} "
+                               f"(it has {len(partitions)})")
+        tp = TopicPartition(ref.topic, ref.partition)
+        try:
+            assert self._probe is not None
+            first = (await self._probe.beginning_offsets([tp]))[tp]
+            end = (await self._probe.end_offsets([tp]))[tp]
+        except KafkaError as exc:
+            if broker_unavailable(exc):
+                raise _Unreachable(repr(exc)) from exc
+            raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
+        if not first <= ref.offset < end:
+            raise OutcomeError(
+                "input_missing",
+                f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, not {ref.offset}",
+            )
+        stream.assign([tp])
+        stream.seek(tp, ref.offset)
+        batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
+        msgs = batch.get(tp, [])
+        if not msgs:
+            # the offset is in the partition's range: nothing fetched means not reachable
+            raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
+        if msgs[0].offset != ref.offset:
+            raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
+        value: bytes = msgs[0].value or b""
+        return value
 
     async def _output_body(self, result: EngineResult) -> Body:
         try:
@@ -982,14 +1117,9 @@ class ExecutorService:
             model_hash, jobs = await self._scheduler.take(self._batch_limit)
             for j in jobs:
                 await self._accepted_written(j)  # acknowledged before the model runs
-            ready: list[tuple[_Job, bytes]] = []
-            for j in jobs:
-                try:
-                    ready.append((j, await self._resolve(j.job.request.input)))
-                except OutcomeError as exc:
-                    self._answer_job(j, self.state.refusal_executor, None, exc)
-            if not ready:
-                continue
+            # inputs were read before the job was queued (``_fetch_input``): nothing here waits
+            # on the broker for one request while others queue behind it
+            ready: list[tuple[_Job, bytes]] = [(j, j.data) for j in jobs]
             try:
                 engine, manifest = await loop.run_in_executor(
                     self._pool, self._ensure_loaded, model_hash

@@ -74,8 +74,9 @@ def test_template_renders_a_one_node_kraft_broker(tmp_path: Path) -> None:
     ):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
-    assert props["auto.create.topics.enable"] == "true"
-    # even an auto-created topic stamps records with the broker's clock
+    # no read or write creates a topic (a request naming a missing topic must not make one)
+    assert props["auto.create.topics.enable"] == "false"
+    # any topic created without its own timestamp type stamps records with the broker's clock
     assert props["log.message.timestamp.type"] == "LogAppendTime"
 
 
