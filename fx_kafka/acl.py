@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from aiokafka.errors import for_code
+from aiokafka.errors import KafkaConnectionError, for_code
 from aiokafka.protocol.admin import (
     CreateAclsRequest_v1,
     DescribeAclsRequest_v1,
@@ -48,7 +48,8 @@ from aiokafka.protocol.admin import (
 from aiokafka.protocol.api import Request
 
 from broker_schema import topics
-from fx_kafka.client import make_admin
+from fx_kafka.client import make_admin, wait_ready
+from fx_kafka.errors import BrokerError
 from fx_kafka.security import ClientSecurity
 
 __all__ = [
@@ -339,15 +340,33 @@ def cmd_apply(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run())
     except Exception as exc:  # the broker's refusal, an unreachable broker: one line, exit 1
-        print(f"fx acl apply: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        why = _explained(args.bootstrap, exc)
+        print(f"fx acl apply: {why.__class__.__name__}: {why}", file=sys.stderr)
         return 1
+
+
+def _explained(bootstrap: str, exc: Exception) -> BaseException:
+    """For aiokafka's bootstrap error, what one direct connection says (wrong password,
+    untrusted certificate, a plaintext client on a secured listener)."""
+    if not isinstance(exc, KafkaConnectionError):
+        return exc
+
+    async def probe() -> BaseException | None:
+        try:
+            await wait_ready(bootstrap, 2.0)
+        except BrokerError as err:
+            return err
+        return None
+
+    return asyncio.run(probe()) or exc
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     try:
         found = asyncio.run(describe_acls(args.bootstrap, principal=args.principal))
     except Exception as exc:
-        print(f"fx acl list: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        why = _explained(args.bootstrap, exc)
+        print(f"fx acl list: {why.__class__.__name__}: {why}", file=sys.stderr)
         return 1
     for binding in found:
         print(binding)
