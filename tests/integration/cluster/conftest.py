@@ -1,5 +1,6 @@
 """A 3-node local Apache Kafka cluster (KRaft, three controller+broker processes on loopback),
-started once for the tests of this folder and stopped after."""
+started for each test module of this folder and stopped after it (three JVMs are not kept idle
+through the rest of the session)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from fx_kafka.local import LocalKafka
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A running 3-node cluster (its ``bootstrap`` names all three listeners)."""
     data_dir: Path = tmp_path_factory.mktemp("cluster")

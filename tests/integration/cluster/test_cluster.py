@@ -51,7 +51,14 @@ async def test_topics_are_replicated_three_times(cluster: LocalKafka,
     names = await ensure_workload_topics(bootstrap, unique_workload_id)
     await ensure_system_topics(bootstrap)
     system = [topics.FACTS, topics.CHUNKS, topics.REJECTS]
-    leaders = await _leaders(bootstrap, [*names, *system])
+    # on a loaded machine a follower may join a new partition's ISR a moment after creation
+    deadline = time.monotonic() + 60
+    while True:
+        leaders = await _leaders(bootstrap, [*names, *system])
+        if all(sorted(isr) == [1, 2, 3] for _, _, isr in leaders.values()):
+            break
+        assert time.monotonic() < deadline, leaders
+        await asyncio.sleep(0.5)
     configs = await topic_configs(bootstrap, [*names, *system])
     for name in [*names, *system]:
         _leader, replicas, isr = leaders[name]
