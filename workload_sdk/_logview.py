@@ -23,6 +23,7 @@ from broker_schema import (
     SpecRecord,
     canonical_json,
     decode,
+    topics,
 )
 from broker_schema.topics import check_workload_id
 
@@ -118,7 +119,7 @@ class WorkloadLog:
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:
         """A log with no records."""
-        return cls(workload_id, {s: TopicView(f"wl.{workload_id}.{s}") for s in STREAMS})
+        return cls(workload_id, {s: TopicView(topics.stream(workload_id, s)) for s in STREAMS})
 
     def __getitem__(self, stream: str) -> TopicView:
         return self.views[stream]
