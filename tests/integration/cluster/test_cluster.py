@@ -40,7 +40,11 @@ async def _leaders(bootstrap: str, names: list[str]) -> dict[str, tuple[int, lis
         await admin.close()
     out = {}
     for topic in described:
-        (part,) = [p for p in topic["partitions"] if p["partition"] == 0]
+        parts = [p for p in topic["partitions"] if p["partition"] == 0]
+        if not parts:  # a topic just created may not be in every broker's metadata yet
+            out[topic["topic"]] = (-1, [], [])
+            continue
+        part = parts[0]
         out[topic["topic"]] = (part["leader"], list(part["replicas"]), list(part["isr"]))
     return out
 
