@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.config import ConfigError, default_data_dir, load_config
+from fx_kafka.security import use_security
 
 __all__ = ["register"]
 
@@ -60,7 +61,15 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     log.info("executor config:\n%s", config)
-    return asyncio.run(main())
+    try:
+        security = config.client_security()
+    except ConfigError as exc:
+        print(f"fx executor run: {exc}", file=sys.stderr)
+        return 2
+    if security is None:
+        return asyncio.run(main())
+    with use_security(security):  # every client the service makes uses it (fx_kafka.security)
+        return asyncio.run(main())
 
 
 def _import(args: argparse.Namespace) -> int:

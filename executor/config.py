@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
+from fx_kafka.security import ClientSecurity, SecurityConfigError
+
+#: The keys ``kafka_security`` takes (``FX_KAFKA_<KEY>`` in the environment).
+SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file",
+                 "ca_file", "ssl_check_hostname")
 
 __all__ = ["ENV_PREFIX", "ConfigError", "ExecutorConfig", "default_data_dir", "load_config"]
 
@@ -105,6 +110,11 @@ class ExecutorConfig(BaseModel):
     revoke_grace_s: Annotated[float, Field(ge=0)] = 10.0
     #: How often facts are republished even without a change (0: only at start and on change).
     facts_interval_s: Annotated[float, Field(ge=0)] = 60.0
+    #: Broker security, as the ``FX_KAFKA_*`` variables of :mod:`fx_kafka.security` without
+    #: the ``FX_KAFKA_`` prefix, in lower case: ``security_protocol``, ``sasl_mechanism``,
+    #: ``sasl_username``, ``sasl_password_file``, ``ca_file``, ``ssl_check_hostname``. A
+    #: password is named by file only (the config is printed). Empty: the environment decides.
+    kafka_security: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("topic_pattern")
     @classmethod
@@ -132,6 +142,26 @@ class ExecutorConfig(BaseModel):
             lines.append(f"{name} = {json.dumps(value)}")
         return "\n".join(lines)
 
+
+    @field_validator("kafka_security")
+    @classmethod
+    def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(SECURITY_KEYS))
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}; allowed: {', '.join(SECURITY_KEYS)} "
+                             "(a password is given by sasl_password_file)")
+        return value
+
+    def client_security(self) -> ClientSecurity | None:
+        """The broker security of ``kafka_security`` (None when it is empty: the ``FX_KAFKA_*``
+        environment applies). Raises :class:`ConfigError` for settings that do not fit."""
+        if not self.kafka_security:
+            return None
+        env = {f"FX_KAFKA_{key.upper()}": value for key, value in self.kafka_security.items()}
+        try:
+            return ClientSecurity.from_env(env)
+        except (SecurityConfigError, ValueError) as exc:
+            raise ConfigError(f"kafka_security: {exc}") from exc
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     fields = ExecutorConfig.model_fields

@@ -65,3 +65,22 @@ def test_frozen() -> None:
     cfg = ExecutorConfig()
     with pytest.raises(ValueError, match="frozen"):
         cfg.workers = 5  # type: ignore[misc]
+
+
+def test_kafka_security_from_the_config(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    cfg = load_config(environ={}, kafka_security={
+        "sasl_username": "executor", "sasl_password_file": str(pw), "ca_file": str(ca)})
+    sec = cfg.client_security()
+    assert sec is not None and sec.protocol == "SASL_SSL" and sec.username == "executor"
+    assert sec.password == "s3cret" and "s3cret" not in str(cfg) and "s3cret" not in repr(sec)
+    assert load_config(environ={}).client_security() is None
+    with pytest.raises(ConfigError, match="sasl_password_file"):
+        load_config(environ={}, kafka_security={"sasl_password": "in the clear"})
+    bad = load_config(environ={}, kafka_security={"security_protocol": "SASL_SSL",
+                                                   "ca_file": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match="FX_KAFKA_CA_FILE"):
+        bad.client_security()
