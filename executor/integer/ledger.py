@@ -1,0 +1,556 @@
+"""A node's receipt ledger: an RFC 9162 Merkle tree with C2SP signed-note checkpoints.
+
+Pure and service-free (stdlib only; signatures are checked through
+:func:`broker_schema.signatures.verify_ed25519`, imported on first use), so a verifier can use it
+without the executor.
+
+Merkle tree (RFC 9162 §2.1): ``leaf_hash(d) = SHA-256(0x00 || d)``, ``node_hash(l, r) =
+SHA-256(0x01 || l || r)``, the head of the empty tree is ``SHA-256("")``; a tree of n > 1 leaves
+splits at k, the largest power of two smaller than n. Inclusion proofs (§2.1.3) and consistency
+proofs (§2.1.4) are generated and verified exactly as the RFC's algorithms say.
+
+A leaf of the ledger is the canonical JSON (sorted keys, no whitespace, UTF-8) of one receipt,
+its signature included: the same bytes whose SHA-256 is the receipt's ``receipt_hash``.
+
+Checkpoint (c2sp.org/tlog-checkpoint), the body of a signed note::
+
+    <origin>\\n
+    <tree size, decimal>\\n
+    <base64 of the 32-byte root hash>\\n
+
+The origin is ``ninelives-fx/ledger/<node id>``. Signed note (c2sp.org/signed-note): the body,
+an empty line, then one line per signature ``"\\u2014 " + key name + " " + base64(key hash ||
+signature)``, where the key name is the origin, the Ed25519 signature covers the body (with its
+final newline), and key hash = the first 4 bytes of ``SHA-256(key name || 0x0A || 0x01 || raw
+32-byte public key)``. :func:`verifier_key` gives the note ecosystem's ``<name>+<hex key
+hash>+<base64(0x01 || key)>`` form.
+
+Ledger stream records (``sys.ledger.<node>``, one partition, key = node id), JSON objects::
+
+    {"format": "fx-ledger/1", "type": "leaf", "index": i, "receipt": {...}}
+    {"format": "fx-ledger/1", "type": "checkpoint", "note": "<signed note>"}
+
+:func:`audit` walks such a stream and reports gaps, forks (a checkpoint whose root is not the
+tree of the leaves before it) and truncation (a checkpoint smaller than one seen before), and
+:func:`check_extends` compares a new checkpoint with one remembered from an earlier read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+__all__ = [
+    "EMPTY_ROOT",
+    "FORMAT",
+    "Audit",
+    "Checkpoint",
+    "LedgerError",
+    "MerkleTree",
+    "audit",
+    "check_extends",
+    "checkpoint_body",
+    "checkpoint_record",
+    "consistency_proof",
+    "inclusion_proof",
+    "key_hash",
+    "leaf_data",
+    "leaf_hash",
+    "leaf_record",
+    "node_hash",
+    "open_checkpoint",
+    "origin",
+    "parse_checkpoint",
+    "parse_record",
+    "root",
+    "sign_note",
+    "verifier_key",
+    "verify_consistency",
+    "verify_inclusion",
+]
+
+FORMAT: Final = "fx-ledger/1"
+HASH_SIZE: Final = 32
+EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
+_ED25519: Final = b"\x01"
+_SIG_PREFIX: Final = "\u2014 "
+#: at most this many signature lines are read from a note (the signed-note spec's bound)
+_MAX_SIGNATURES: Final = 100
+
+
+class LedgerError(ValueError):
+    """A malformed proof, checkpoint, note or ledger record."""
+
+
+# ------------------------------------------------------------------------------ Merkle tree
+def leaf_hash(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two smaller than ``n`` (n > 1)."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def _range(hashes: Sequence[bytes], lo: int, hi: int) -> bytes:
+    n = hi - lo
+    if n == 0:
+        return EMPTY_ROOT
+    if n == 1:
+        return hashes[lo]
+    k = _split(n)
+    return node_hash(_range(hashes, lo, lo + k), _range(hashes, lo + k, hi))
+
+
+def root(leaf_hashes: Sequence[bytes]) -> bytes:
+    """MTH over the leaf hashes (RFC 9162 §2.1.1)."""
+    return _range(leaf_hashes, 0, len(leaf_hashes))
+
+
+def _path(hashes: Sequence[bytes], m: int, lo: int, hi: int,
+          rng: Callable[[int, int], bytes]) -> list[bytes]:
+    n = hi - lo
+    if n == 1:
+        return []
+    k = _split(n)
+    if m < k:
+        return [*_path(hashes, m, lo, lo + k, rng), rng(lo + k, hi)]
+    return [*_path(hashes, m - k, lo + k, hi, rng), rng(lo, lo + k)]
+
+
+def _subproof(m: int, lo: int, hi: int, whole: bool,
+              rng: Callable[[int, int], bytes]) -> list[bytes]:
+    n = hi - lo
+    if m == n:
+        return [] if whole else [rng(lo, hi)]
+    k = _split(n)
+    if m <= k:
+        return [*_subproof(m, lo, lo + k, whole, rng), rng(lo + k, hi)]
+    return [*_subproof(m - k, lo + k, hi, False, rng), rng(lo, lo + k)]
+
+
+def inclusion_proof(leaf_hashes: Sequence[bytes], index: int,
+                    size: int | None = None) -> list[bytes]:
+    """PATH(index, D[0:size]) (RFC 9162 §2.1.3.1); ``size`` defaults to every leaf."""
+    n = len(leaf_hashes) if size is None else size
+    if not 0 <= index < n <= len(leaf_hashes):
+        raise LedgerError(f"no leaf {index} in a tree of {n}")
+    return _path(leaf_hashes, index, 0, n, lambda a, b: _range(leaf_hashes, a, b))
+
+
+def consistency_proof(leaf_hashes: Sequence[bytes], old: int,
+                      new: int | None = None) -> list[bytes]:
+    """PROOF(old, D[0:new]) (RFC 9162 §2.1.4.1); empty for ``old`` 0 or ``old == new``."""
+    n = len(leaf_hashes) if new is None else new
+    if not 0 <= old <= n <= len(leaf_hashes):
+        raise LedgerError(f"no consistency proof from {old} to {n}")
+    if old == 0 or old == n:
+        return []
+    return _subproof(old, 0, n, True, lambda a, b: _range(leaf_hashes, a, b))
+
+
+def _is_hash(h: object) -> bool:
+    return isinstance(h, bytes) and len(h) == HASH_SIZE
+
+
+def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
+                     root_hash: bytes) -> bool:
+    """RFC 9162 §2.1.3.2: ``leaf`` (a leaf hash) is leaf ``index`` of the tree of ``size``
+    leaves whose head is ``root_hash``. False for anything malformed; never raises."""
+    if not (_is_hash(leaf) and _is_hash(root_hash) and all(_is_hash(p) for p in proof)):
+        return False
+    if not 0 <= index < size:
+        return False
+    fn, sn = index, size - 1
+    r = leaf
+    for p in proof:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == root_hash
+
+
+def verify_consistency(old: int, new: int, old_root: bytes, new_root: bytes,
+                       proof: Sequence[bytes]) -> bool:
+    """RFC 9162 §2.1.4.2: the tree of ``new`` leaves with head ``new_root`` extends the tree of
+    ``old`` leaves with head ``old_root``. ``old`` 0 (any tree extends the empty one) and
+    ``old == new`` (same head) take an empty proof. False for anything malformed."""
+    if not (_is_hash(old_root) and _is_hash(new_root) and all(_is_hash(p) for p in proof)):
+        return False
+    if not 0 <= old <= new:
+        return False
+    if old == 0:
+        return not proof and old_root == EMPTY_ROOT
+    if old == new:
+        return not proof and old_root == new_root
+    if not proof:
+        return False
+    path = list(proof)
+    if old & (old - 1) == 0:  # a power of two: the old head is the proof's first node
+        path.insert(0, old_root)
+    fn, sn = old - 1, new - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr = node_hash(c, fr)
+            sr = node_hash(c, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and fr == old_root and sr == new_root
+
+
+class MerkleTree:
+    """An append-only tree of leaf hashes that keeps every complete subtree's hash, so appends,
+    heads and proofs cost O(log n) hashes each."""
+
+    def __init__(self, leaf_hashes: Iterable[bytes] = ()) -> None:
+        self._levels: list[list[bytes]] = [[]]
+        for h in leaf_hashes:
+            self.append_hash(h)
+
+    def __len__(self) -> int:
+        return len(self._levels[0])
+
+    @property
+    def leaf_hashes(self) -> Sequence[bytes]:
+        return self._levels[0]
+
+    def append(self, data: bytes) -> int:
+        """Append a leaf's data; returns its index."""
+        return self.append_hash(leaf_hash(data))
+
+    def append_hash(self, h: bytes) -> int:
+        if not _is_hash(h):
+            raise LedgerError("a leaf hash is 32 bytes")
+        index = len(self._levels[0])
+        self._levels[0].append(h)
+        level, i = 0, index
+        while i & 1:  # completes a subtree one level up
+            left = self._levels[level][i - 1]
+            right = self._levels[level][i]
+            level, i = level + 1, i >> 1
+            if len(self._levels) == level:
+                self._levels.append([])
+            self._levels[level].append(node_hash(left, right))
+        return index
+
+    def _rng(self, lo: int, hi: int) -> bytes:
+        n = hi - lo
+        if n == 0:
+            return EMPTY_ROOT
+        if n & (n - 1) == 0 and lo % n == 0:  # a complete subtree: kept
+            return self._levels[n.bit_length() - 1][lo // n]
+        k = _split(n)
+        return node_hash(self._rng(lo, lo + k), self._rng(lo + k, hi))
+
+    def root(self, size: int | None = None) -> bytes:
+        n = len(self) if size is None else size
+        if not 0 <= n <= len(self):
+            raise LedgerError(f"no tree of {n} leaves (there are {len(self)})")
+        return self._rng(0, n)
+
+    def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
+        n = len(self) if size is None else size
+        if not 0 <= index < n <= len(self):
+            raise LedgerError(f"no leaf {index} in a tree of {n}")
+        return _path(self.leaf_hashes, index, 0, n, self._rng)
+
+    def consistency_proof(self, old: int, new: int | None = None) -> list[bytes]:
+        n = len(self) if new is None else new
+        if not 0 <= old <= n <= len(self):
+            raise LedgerError(f"no consistency proof from {old} to {n}")
+        if old == 0 or old == n:
+            return []
+        return _subproof(old, 0, n, True, self._rng)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def origin(node_id: str) -> str:
+    """The checkpoint origin (and note key name) of a node's ledger."""
+    name = f"ninelives-fx/ledger/{node_id}"
+    _check_name(name)
+    return name
+
+
+def _check_name(name: str) -> None:
+    if not name or "+" in name or any(c.isspace() for c in name):
+        raise LedgerError(f"{name!r} is not a note key name (non-empty, no spaces, no '+')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    origin: str
+    size: int
+    root: bytes
+    extensions: tuple[str, ...] = ()
+
+    def body(self) -> str:
+        return checkpoint_body(self.origin, self.size, self.root, self.extensions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"origin": self.origin, "size": self.size, "root": self.root.hex()}
+
+
+def checkpoint_body(origin_line: str, size: int, root_hash: bytes,
+                    extensions: Sequence[str] = ()) -> str:
+    if not origin_line or "\n" in origin_line or size < 0 or not _is_hash(root_hash):
+        raise LedgerError("a checkpoint needs an origin line, a size >= 0 and a 32-byte root")
+    lines = [origin_line, str(size), base64.b64encode(root_hash).decode("ascii"), *extensions]
+    return "".join(line + "\n" for line in lines)
+
+
+def parse_checkpoint(body: str) -> Checkpoint:
+    if not body.endswith("\n"):
+        raise LedgerError("a checkpoint body ends with a newline")
+    lines = body[:-1].split("\n")
+    if len(lines) < 3 or not lines[0]:
+        raise LedgerError("a checkpoint has an origin, a size and a root hash line")
+    size_text, root_text = lines[1], lines[2]
+    if not size_text.isascii() or not size_text.isdigit() or (
+            len(size_text) > 1 and size_text[0] == "0"):
+        raise LedgerError(f"checkpoint size {size_text!r} is not a decimal number")
+    try:
+        root_hash = base64.b64decode(root_text, validate=True)
+    except (binascii.Error, ValueError):
+        raise LedgerError("the checkpoint root is not base64") from None
+    if len(root_hash) != HASH_SIZE:
+        raise LedgerError(f"the checkpoint root is {len(root_hash)} bytes, not 32")
+    if any(not line for line in lines[3:]):
+        raise LedgerError("an empty checkpoint extension line")
+    return Checkpoint(lines[0], int(size_text), root_hash, tuple(lines[3:]))
+
+
+def key_hash(name: str, public_key: bytes) -> bytes:
+    """The signed-note key hash of an Ed25519 key: SHA-256(name || 0x0A || 0x01 || key)[:4]."""
+    return hashlib.sha256(name.encode("utf-8") + b"\n" + _ED25519 + public_key).digest()[:4]
+
+
+def verifier_key(name: str, public_key: bytes) -> str:
+    """``<name>+<hex key hash>+<base64(0x01 || key)>``."""
+    _check_name(name)
+    return (f"{name}+{key_hash(name, public_key).hex()}+"
+            f"{base64.b64encode(_ED25519 + public_key).decode('ascii')}")
+
+
+def sign_note(body: str, name: str, sign: Callable[[bytes], bytes], public_key: bytes) -> str:
+    """The signed note of ``body`` by ``sign`` (an Ed25519 signing function, such as a
+    ``cryptography`` private key's ``sign``) under key ``name``."""
+    _check_name(name)
+    if not body.endswith("\n") or "\n\n" in body:
+        raise LedgerError("a note body ends with one newline and has no empty line")
+    sig = sign(body.encode("utf-8"))
+    if len(sig) != 64:
+        raise LedgerError("an Ed25519 signature is 64 bytes")
+    value = base64.b64encode(key_hash(name, public_key) + sig).decode("ascii")
+    return f"{body}\n{_SIG_PREFIX}{name} {value}\n"
+
+
+def open_note(note: str, name: str, public_key: bytes) -> str:
+    """The body of ``note`` when it carries a valid signature by ``public_key`` under ``name``;
+    :class:`LedgerError` otherwise (as the spec says, a failing signature by the known key
+    rejects the note, whatever other lines say)."""
+    from broker_schema.signatures import verify_ed25519
+
+    cut = note.rfind("\n\n")
+    if cut < 0 or not note.endswith("\n"):
+        raise LedgerError("not a signed note (no empty line before the signatures)")
+    body, sig_lines = note[:cut + 1], note[cut + 2:-1].split("\n")
+    if len(sig_lines) > _MAX_SIGNATURES:
+        raise LedgerError("too many signature lines")
+    want = key_hash(name, public_key)
+    for line in sig_lines:
+        if not line.startswith(_SIG_PREFIX):
+            raise LedgerError(f"a malformed signature line {line!r}")
+        parts = line[len(_SIG_PREFIX):].split(" ")
+        if len(parts) != 2:
+            raise LedgerError(f"a malformed signature line {line!r}")
+        try:
+            raw = base64.b64decode(parts[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise LedgerError("a signature line is not base64") from None
+        if len(raw) < 5:
+            raise LedgerError("a signature line is too short")
+        if parts[0] != name or raw[:4] != want:
+            continue  # another signer (a witness): not ours to check
+        if not verify_ed25519(public_key, raw[4:], body.encode("utf-8")):
+            raise LedgerError(f"the signature by {name} does not verify")
+        return body
+    raise LedgerError(f"the note carries no signature by {name} with this key")
+
+
+def open_checkpoint(note: str, node_id: str, public_key: bytes) -> Checkpoint:
+    """The checkpoint in ``note``, signed by ``public_key`` and naming ``node_id``'s origin."""
+    name = origin(node_id)
+    cp = parse_checkpoint(open_note(note, name, public_key))
+    if cp.origin != name:
+        raise LedgerError(f"the checkpoint's origin is {cp.origin!r}, not {name!r}")
+    return cp
+
+
+# ------------------------------------------------------------------------------ stream records
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def leaf_data(receipt: Mapping[str, Any]) -> bytes:
+    """A receipt's leaf: its canonical JSON (whose sha256 is its ``receipt_hash``)."""
+    return _canonical(dict(receipt))
+
+
+def leaf_record(index: int, receipt: Mapping[str, Any]) -> bytes:
+    return _canonical({"format": FORMAT, "type": "leaf", "index": index,
+                       "receipt": dict(receipt)})
+
+
+def checkpoint_record(note: str) -> bytes:
+    return _canonical({"format": FORMAT, "type": "checkpoint", "note": note})
+
+
+def parse_record(value: bytes) -> dict[str, Any]:
+    """A ledger record (``LedgerError`` when it is not one)."""
+    try:
+        rec = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise LedgerError(f"not JSON: {exc}") from None
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        raise LedgerError(f"not a {FORMAT} record")
+    kind = rec.get("type")
+    if kind == "leaf":
+        index = rec.get("index")
+        if (not isinstance(index, int) or isinstance(index, bool) or index < 0
+                or not isinstance(rec.get("receipt"), dict)):
+            raise LedgerError("a leaf record has an index and a receipt object")
+    elif kind == "checkpoint":
+        if not isinstance(rec.get("note"), str):
+            raise LedgerError("a checkpoint record has a note")
+    else:
+        raise LedgerError(f"unknown ledger record type {kind!r}")
+    return rec
+
+
+# ------------------------------------------------------------------------------ monitoring
+@dataclasses.dataclass
+class Audit:
+    """What a walk of a ledger stream found."""
+
+    tree: MerkleTree = dataclasses.field(default_factory=MerkleTree)
+    receipts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the checkpoints that verified, in stream order
+    checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
+    #: (kind, message): kind is "gap", "fork", "truncation", "signature" or "malformed"
+    problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def latest(self) -> Checkpoint | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    @property
+    def pending(self) -> int:
+        """Leaves after the latest checkpoint (one being written, or never checkpointed)."""
+        return len(self.tree) - (self.latest.size if self.latest else 0)
+
+    def find(self, receipt: Mapping[str, Any]) -> int | None:
+        """The leaf index of ``receipt``, or None."""
+        h = leaf_hash(leaf_data(receipt))
+        for i, lh in enumerate(self.tree.leaf_hashes):
+            if lh == h:
+                return i
+        return None
+
+
+def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) -> Audit:
+    """Walk a ledger stream (``(offset, value)`` in order): rebuild the tree from its leaves and
+    check every checkpoint against the leaves before it.
+
+    - gap: a leaf whose index is not the next one (a record missing, or written twice), or
+      receipts whose ``seq`` skips a number (a receipt signed and never logged);
+    - fork: a checkpoint whose root is not the head of the leaves before it;
+    - truncation: a checkpoint smaller than an earlier one;
+    - signature: a checkpoint not signed by the node's key for its origin.
+    """
+    out = Audit()
+    for offset, value in values:
+        try:
+            rec = parse_record(value)
+        except LedgerError as exc:
+            out.problems.append(("malformed", f"offset {offset}: {exc}"))
+            continue
+        if rec["type"] == "leaf":
+            if rec["index"] != len(out.tree):
+                out.problems.append(("gap", f"offset {offset}: leaf {rec['index']} where leaf "
+                                            f"{len(out.tree)} was due"))
+                if rec["index"] < len(out.tree):
+                    continue  # a repeat: not appended again
+            out.tree.append(leaf_data(rec["receipt"]))
+            out.receipts.append(rec["receipt"])
+            continue
+        try:
+            cp = open_checkpoint(rec["note"], node_id, public_key)
+        except LedgerError as exc:
+            out.problems.append(("signature", f"offset {offset}: {exc}"))
+            continue
+        prev = out.latest
+        if prev is not None and cp.size < prev.size:
+            out.problems.append(("truncation", f"offset {offset}: checkpoint of {cp.size} "
+                                               f"after one of {prev.size}"))
+        if cp.size > len(out.tree):
+            out.problems.append(("gap", f"offset {offset}: checkpoint of {cp.size} leaves, "
+                                        f"only {len(out.tree)} logged before it"))
+        elif out.tree.root(cp.size) != cp.root:
+            out.problems.append(("fork", f"offset {offset}: checkpoint root of {cp.size} is "
+                                         "not the head of the leaves logged"))
+        out.checkpoints.append(cp)
+    seqs: list[int] = sorted(r["seq"] for r in out.receipts if isinstance(r.get("seq"), int))
+    for a, b in itertools.pairwise(seqs):
+        if b > a + 1:
+            out.problems.append(("gap", f"receipt seq {a + 1}..{b - 1} not in the ledger"))
+        elif b == a:
+            out.problems.append(("fork", f"receipt seq {a} logged twice"))
+    return out
+
+
+def check_extends(old: Checkpoint, new: Checkpoint, proof: Sequence[bytes]) -> str | None:
+    """Why ``new`` does not extend ``old`` (truncation or fork), or None when it does."""
+    if new.origin != old.origin:
+        return f"fork: origin {new.origin!r} is not {old.origin!r}"
+    if new.size < old.size:
+        return f"truncation: the ledger holds {new.size} leaves, {old.size} were checkpointed"
+    if not verify_consistency(old.size, new.size, old.root, new.root, proof):
+        return (f"fork: the checkpoint of {new.size} leaves does not extend the one of "
+                f"{old.size}")
+    return None
