@@ -12,6 +12,11 @@ FACTS = "sys.facts"
 REJECTS = "sys.rejects"
 #: Compacted chunk store topic (content-addressed bodies over the inline limit).
 CHUNKS = "sys.chunks"
+#: Prefix of the per-node receipt ledgers (``sys.ledger.<node id>``, never compacted).
+LEDGER_PREFIX = "sys.ledger."
+#: Characters Kafka allows in a topic name (and so in a node id that has a ledger).
+_TOPIC_CHARS_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_MAX_TOPIC_LEN = 249
 
 WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
@@ -82,6 +87,17 @@ def resp(workload_id: str) -> str:
 def merge(workload_id: str) -> str:
     """``wl.<id>.merge``: the recorded merge order."""
     return _topic(workload_id, "merge")
+
+
+def ledger(node_id: str) -> str:
+    """``sys.ledger.<node id>``: every receipt the node signed, with its signed checkpoints
+    (:mod:`executor.integer.ledger`). ``ValueError`` for a node id Kafka cannot name a topic
+    after."""
+    name = LEDGER_PREFIX + node_id
+    if not _TOPIC_CHARS_RE.fullmatch(node_id) or len(name) > _MAX_TOPIC_LEN:
+        raise ValueError(f"node id {node_id!r} cannot name a ledger topic: letters, digits, "
+                         f"'.', '_' and '-', at most {_MAX_TOPIC_LEN - len(LEDGER_PREFIX)}")
+    return name
 
 
 def all_topics(workload_id: str) -> list[str]:

@@ -158,6 +158,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     store_args(ver)
     ver.set_defaults(func=_verify)
 
+    from executor.ledger_cli import add_ledger
+
+    add_ledger(subparsers)
+
     try:
         from executor.integer import cli as integer_cli
     except ModuleNotFoundError as exc:

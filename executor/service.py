@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Generator, Iterable
+from collections.abc import Awaitable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +104,7 @@ from executor.engines import BUILTIN_ENGINES, Engine, EngineOptions, EngineResul
 from executor.errors import EngineError, ModelError, OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
+from executor.ledger import LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
 from fx_kafka.client import make_consumer, make_producer, wait_ready
@@ -279,6 +280,8 @@ class ExecutorService:
         self._http: _Uvicorn | None = None
         self._started = False
         self._reject_kind = sorted(config.kinds)[0]
+        #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
+        self._ledger: LedgerWriter | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -1199,6 +1202,12 @@ class ExecutorService:
         finished_us: int | None = None,
         receipt_base: dict[str, Any] | None = None,
     ) -> None:
+        # Every receipt signed goes on the node's ledger, before the response that carries it
+        # (and even when that response is never written: answered by shutdown meanwhile).
+        signed_receipt = (result.receipt or {}).get("integer") if isinstance(
+            result, EngineResult) else None
+        if isinstance(signed_receipt, dict):
+            await self._log_receipt(signed_receipt)
         # Leaving the in-flight table first claims the right to answer: a job answered by
         # shutdown is not answered again when its engine call returns.
         if self.state.finish(job.effect_id) is None:
@@ -1236,6 +1245,18 @@ class ExecutorService:
             )
         if tracker is not None:
             tracker.done(tp, job.request_offset)
+
+    async def _log_receipt(self, receipt: Mapping[str, Any]) -> None:
+        """Append ``receipt`` to ``sys.ledger.<node>`` with a fresh signed checkpoint
+        (:class:`executor.ledger.LedgerWriter`), through :meth:`_produce`."""
+        if self._ledger is None:
+            self._ledger = LedgerWriter(self.config.bootstrap, self.config.node_id,
+                                        self.identity)
+
+        async def produce(topic: str, value: bytes, key: bytes) -> Any:
+            return await self._produce("ledger", topic, value, key)
+
+        await self._ledger.append(receipt, produce)
 
 
 async def _close_quietly(producer: AIOKafkaProducer, timeout: float) -> None:

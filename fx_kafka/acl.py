@@ -147,6 +147,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(ex, T, topics.FACTS, LIT, W, D, C)
         out += _grant(ex, T, topics.REJECTS, LIT, W, D, C)
         out += _grant(ex, T, topics.CHUNKS, LIT, R, W, D, C)
+        # each node's receipt ledger (sys.ledger.<node>): read back on start, appended to
+        out += _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C)
         out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
     if roles.operator:
         op = _user(roles.operator)

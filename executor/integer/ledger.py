@@ -497,9 +497,10 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) 
     """Walk a ledger stream (``(offset, value)`` in order): rebuild the tree from its leaves and
     check every checkpoint against the leaves before it.
 
-    - gap: a leaf whose index is not the next one (a record missing, or written twice), or
-      receipts whose ``seq`` skips a number (a receipt signed and never logged);
-    - fork: a checkpoint whose root is not the head of the leaves before it;
+    - gap: a leaf whose index is past the next one (a record missing), or receipts whose
+      ``seq`` skips a number (a receipt signed and never logged);
+    - fork: a checkpoint whose root is not the head of the leaves before it, or a second,
+      different leaf at an index (the same leaf twice is a retried send, and harmless);
     - truncation: a checkpoint smaller than an earlier one;
     - signature: a checkpoint not signed by the node's key for its origin.
     """
@@ -511,11 +512,14 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) 
             out.problems.append(("malformed", f"offset {offset}: {exc}"))
             continue
         if rec["type"] == "leaf":
-            if rec["index"] != len(out.tree):
-                out.problems.append(("gap", f"offset {offset}: leaf {rec['index']} where leaf "
+            index = rec["index"]
+            if index < len(out.tree):
+                if out.tree.leaf_hashes[index] != leaf_hash(leaf_data(rec["receipt"])):
+                    out.problems.append(("fork", f"offset {offset}: another leaf {index}"))
+                continue  # the same leaf again (a retried send): harmless, not appended again
+            if index > len(out.tree):
+                out.problems.append(("gap", f"offset {offset}: leaf {index} where leaf "
                                             f"{len(out.tree)} was due"))
-                if rec["index"] < len(out.tree):
-                    continue  # a repeat: not appended again
             out.tree.append(leaf_data(rec["receipt"]))
             out.receipts.append(rec["receipt"])
             continue
