@@ -172,9 +172,9 @@ def parity_checks(art: artifact.Artifact, gpu: Any, ora: OracleOps,
     if real:
         tok = Tokenizer(art.tokenizer)
         prompts = fidelity.load_prompts()[: int(os.environ.get("GPU_CHECK_PROMPTS", "1000"))]
-        seqs = [(str(p["id"]), tok.encode(tok.chat_prompt(p["text"]) if p["chat"]
-                                          else p["text"])) for p in prompts]
-        gen_prompts = [tok.encode(tok.chat_prompt(q)) for q in
+        seqs = [(str(p["id"]), tok.chat_tokens(p["text"]) if p["chat"]
+                 else tok.encode(p["text"])) for p in prompts]
+        gen_prompts = [tok.chat_tokens(q) for q in
                        ("What is the capital of France?", "Write a haiku about rain.")]
     else:
         seqs = [("synthetic-0", [1, 500, 9000, 42, 7, 3000, 17, 256]),

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import threading
@@ -71,7 +72,7 @@ from pydantic import ValidationError
 
 from broker_schema import DecodeError, topics
 from broker_schema.canonical import canonical_json, sha256_hex
-from broker_schema.codec import decode, encode
+from broker_schema.codec import decode, encode, record_hash
 from broker_schema.records import (
     Body,
     ChunkRef,
@@ -1144,9 +1145,13 @@ class ExecutorService:
                 self.metrics.queue_seconds.labels(j.kind).observe(now - j.read_mono)
             started_us = _now_us()
             self.metrics.inflight.inc(len(items))
+            run_batch: Any = engine.run_batch
+            if getattr(engine, "binds_request_context", False):  # receipts name the request
+                run_batch = functools.partial(run_batch, contexts=[
+                    _request_context(j.job) for j, _ in ready])
             try:
                 results = await loop.run_in_executor(
-                    self._pool, engine.run_batch, model_hash, items
+                    self._pool, run_batch, model_hash, items
                 )
             except Exception as exc:  # an engine bug: every request in the batch gets the error
                 results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
@@ -1257,6 +1262,13 @@ class ExecutorService:
             return await self._produce("ledger", topic, value, key)
 
         await self._ledger.append(receipt, produce)
+
+
+def _request_context(job: InFlight) -> dict[str, Any]:
+    """What a signed receipt binds of the request it answers (``Engine.run_batch`` contexts)."""
+    header = job.request.header
+    return {"workload_id": header.workload_id, "effect_id": job.effect_id,
+            "epoch": header.epoch, "request_hash": record_hash(job.request)}
 
 
 async def _close_quietly(producer: AIOKafkaProducer, timeout: float) -> None:

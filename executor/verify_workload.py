@@ -18,10 +18,17 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
    ``prev_receipt_hash`` must be its hash (and the key the same); two different receipts with one
    ``seq`` are a fork. A node's chain spans every workload it serves, so a missing ``seq - 1`` is
    a *gap* (receipts for other workloads), reported, and a failure only with ``strict_chain``;
-6. **the receipt itself** (:func:`executor.integer.receipt.verify`): its signature, input and
+6. **the context**: the receipt's ``context`` names the response's effect id, workload, epoch
+   and ``receipt.manifest_hash``; its ``request_hash`` is the request's ``record_hash`` and its
+   ``prompt_text_hash`` the hash of the request's prompt text; ``output_text_hash`` is the hash
+   of the response's ``text`` (:func:`executor.integer.receipt.check_record`);
+7. **the receipt itself** (:func:`executor.integer.receipt.verify`): its signature, input and
    output hashes, then the numpy oracle re-executes the request on the CPU from the committed
    artifact (found by modelHash: ``--artifact``, the model store, then the cache; its sha256 must
    equal the modelHash) and output tokens and logits digest must be identical.
+
+Trust: without ``trusted_keys`` (``--trusted-key``) the node keys come from ``sys.facts``, which
+is unsigned, so a result whose checks all pass is "checked", not "verified" (``verified``).
 
 The checks are pure functions over decoded records (:func:`verify_records`); :func:`read_log` is
 the only part that talks to the broker.
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,10 +101,18 @@ class WorkloadVerification:
     skipped: dict[str, int]
     problems: list[str]
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: every receipt's key was one the caller trusts (``--trusted-key``)
+    authenticated: bool = False
 
     @property
     def ok(self) -> bool:
+        """Every check passed (the signers may still be unauthenticated: see ``verified``)."""
         return bool(self.receipts) and not self.problems and all(r.ok for r in self.receipts)
+
+    @property
+    def verified(self) -> bool:
+        """Every check passed and every signer is a trusted key."""
+        return self.ok and self.authenticated
 
 
 # ------------------------------------------------------------------------------ reading
@@ -281,30 +296,58 @@ def _check_request(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[s
         check.checks.append("prompt and params == the request on .out")
 
 
+def _check_context(check: ReceiptCheck, receipt: Mapping[str, Any],
+                   request: EffectRequest | None) -> None:
+    """The receipt's ``request_hash`` and ``prompt_text_hash`` against the request on .out."""
+    from broker_schema import record_hash
+    from executor.integer.receipt import text_hash
+
+    ctx = receipt.get("context")
+    if request is None or not isinstance(ctx, dict):
+        return  # said already (no request; a receipt without context)
+    if ctx.get("request_hash") != record_hash(request):
+        check.reasons.append(f"request: the receipt was signed for request "
+                             f"{ctx.get('request_hash')}, the request on .out "
+                             f"({request.effect_id}) hashes to {record_hash(request)}")
+        return
+    prompt = request.params.get("prompt")
+    if "prompt_tokens" in request.params:
+        want: str | None = None
+    elif isinstance(prompt, str):
+        want = text_hash(prompt)
+    elif isinstance(request.input, InlineBody):
+        try:
+            want = text_hash(request.input.raw().decode("utf-8"))
+        except UnicodeDecodeError:
+            want = None
+    else:  # by reference: the request hash binds the reference, hence the text
+        check.checks.append("request hash == the request on .out")
+        return
+    if receipt.get("prompt_text_hash") != want:
+        check.reasons.append("prompt text: the receipt's prompt_text_hash is not the hash of "
+                             "the request's prompt text")
+        return
+    check.checks.append("request hash and prompt text hash == the request on .out")
+
+
 def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[str, Any],
                   found: Resolved) -> None:
+    """The record against the receipt (:func:`receipt.check_record`), then the text against the
+    tokenizer's decoding of the receipt's output tokens."""
+    from executor.integer.receipt import check_record
+
+    reasons, passed, notes = check_record(resp.model_dump(mode="json"), dict(receipt),
+                                          check_signature=False)
+    check.reasons.extend(reasons)
+    check.checks.extend(passed)
+    check.notes.extend(notes)
     out = _output_json(resp)
-    if not isinstance(out, dict):
-        check.notes.append("output not inline JSON: not compared with the receipt")
-        return
     toks = receipt.get("output_tokens")
-    if out.get("output_tokens") != toks:
-        check.reasons.append("the response's output_tokens differ from the receipt's")
+    if reasons or not isinstance(out, dict) or not isinstance(toks, list):
         return
-    if not isinstance(toks, list):
-        return  # a malformed receipt: its own checks say why
     params = receipt.get("params")
     stop = params.get("stop_token") if isinstance(params, dict) else None
     finish = "stop" if toks and toks[-1] == stop else "length"
-    if out.get("finish_reason") != finish:
-        check.reasons.append(f"the response's finish_reason {out.get('finish_reason')!r} is not "
-                             f"{finish!r}, as the receipt's output_tokens and stop_token say")
-        return
-    prompt = receipt.get("prompt_tokens")
-    if isinstance(prompt, list) and out.get("prompt_token_count") != len(prompt):
-        check.reasons.append("the response's prompt_token_count is not the length of the "
-                             "receipt's prompt_tokens")
-        return
     eng = found.engine
     if eng is not None:
         text_toks = toks[:-1] if finish == "stop" else toks
@@ -316,7 +359,7 @@ def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[st
             check.reasons.append("the response's text is not the decoding of the receipt's "
                                  "output_tokens")
             return
-    check.checks.append("response output == receipt output_tokens")
+        check.checks.append("response text == decoding of the receipt's output_tokens")
 
 
 def verify_records(
@@ -326,8 +369,14 @@ def verify_records(
     strict_chain: bool = False,
     reexecute: bool = True,
     progress: Callable[[str], None] | None = None,
+    trusted_keys: Iterable[str] | None = None,
 ) -> WorkloadVerification:
-    """Check every receipt-carrying response of ``log`` (see the module docstring)."""
+    """Check every receipt-carrying response of ``log`` (see the module docstring).
+
+    ``trusted_keys`` (hex raw Ed25519 keys): every receipt must be signed by one of them; only
+    then is the result authenticated. Without them the keys come from ``sys.facts``, which is
+    unsigned: every check can pass, yet the signers are not authenticated."""
+    trusted = None if trusted_keys is None else set(trusted_keys)
     from executor.engines.integer import ENGINE
     from executor.integer import receipt as rc
 
@@ -416,7 +465,9 @@ def verify_records(
                 check.notes.append(missing)
         _check_output(check, resp, receipt, found_art)
         # 4. the request it answers
-        _check_request(check, resp, receipt, log.requests.get(resp.request_offset), found_art)
+        request = log.requests.get(resp.request_offset)
+        _check_request(check, resp, receipt, request, found_art)
+        _check_context(check, receipt, request)
         # 5. the chain link
         seq = receipt.get("seq")
         prev: dict[str, Any] | None = None
@@ -435,17 +486,18 @@ def verify_records(
         # 6. the receipt: signature, hashes, link, oracle re-execution
         if found_art.path is not None or not reexecute:
             res = rc.verify(receipt, artifact_path=found_art.path, prev=prev,
-                            reexecute=reexecute)
+                            reexecute=reexecute, trusted_keys=trusted)
             check.reasons.extend(res.reasons)
             check.checks.extend(res.checks)
         else:
-            static_reasons, passed = rc.check_static(receipt, prev=prev)
+            static_reasons, passed = rc.check_static(receipt, prev=prev, trusted_keys=trusted)
             check.reasons.extend(static_reasons)
             check.checks.extend(passed)
     if not found:
         problems.append(f"no integer-engine receipts on {topics.resp(log.workload_id)} "
                         f"({len(log.responses)} responses)")
-    return WorkloadVerification(log.workload_id, checks, skipped, problems, notes)
+    return WorkloadVerification(log.workload_id, checks, skipped, problems, notes,
+                                authenticated=trusted is not None)
 
 
 def render(result: WorkloadVerification) -> list[str]:
@@ -463,18 +515,25 @@ def render(result: WorkloadVerification) -> list[str]:
     lines.extend(f"note {n}" for n in result.notes)
     good = sum(c.ok for c in result.receipts)
     skipped = ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items()))
-    lines.append(f"{good}/{len(result.receipts)} receipts verified on "
+    what = "verified" if result.authenticated else "checked"
+    lines.append(f"{good}/{len(result.receipts)} receipts {what} on "
                  f"{topics.resp(result.workload_id)}"
                  + (f"; not receipts: {skipped}" if skipped else ""))
+    if not result.authenticated:
+        lines.append("NOT AUTHENTICATED: re-execution, chain and bindings were checked, but the "
+                     "signers' keys come from sys.facts (unsigned): give --trusted-key HEX to "
+                     "verify who signed")
     return lines
 
 
 def run(bootstrap: str, workload_id: str, *, artifact: Path | None, store: Path | None,
         strict_chain: bool, reexecute: bool,
-        progress: Callable[[str], None] | None = None) -> tuple[WorkloadVerification, list[str]]:
+        progress: Callable[[str], None] | None = None,
+        trusted_keys: Iterable[str] | None = None) -> tuple[WorkloadVerification, list[str]]:
     """Read the log and verify it; returns the result and its rendered lines."""
     log = asyncio.run(read_log(bootstrap, workload_id))
     result = verify_records(log, resolve=artifact_resolver(artifact=artifact, store=store),
-                            strict_chain=strict_chain, reexecute=reexecute, progress=progress)
+                            strict_chain=strict_chain, reexecute=reexecute, progress=progress,
+                            trusted_keys=trusted_keys)
     return result, render(result)
 

@@ -12,7 +12,11 @@ from a worker thread, with one or more concurrent requests for the same model. A
   of a batch so the other requests still get their results;
 - applies the manifest's documented parameter defaults itself (a missing parameter means the
   interface's documented default, never the engine library's);
-- must be safe to call from several threads at once.
+- must be safe to call from several threads at once;
+- may set ``binds_request_context = True`` (the integer engine does): then the executor calls
+  ``run_batch(model_hash, items, contexts=[...])`` with, per item, the request it answers
+  (``workload_id``, ``effect_id``, ``epoch``, ``request_hash`` = ``broker_schema.record_hash``
+  of the EffectRequest), for the engine's signed receipt to bind.
 
 Registering an engine: ``ExecutorConfig.engines`` maps a manifest engine name to
 ``"module:factory"``; the factory is called with an :class:`EngineOptions` and returns an

@@ -50,7 +50,7 @@ from executor.errors import EngineError
 from executor.integer import engine as int_engine
 from executor.integer.artifact import ArtifactError
 from executor.integer.oracle import FixedPointOverflow
-from executor.integer.receipt import GENESIS, ReceiptSigner
+from executor.integer.receipt import GENESIS, ReceiptSigner, receipt_context
 from executor.models import ModelManifest, ModelStore
 
 __all__ = [
@@ -67,7 +67,9 @@ log = logging.getLogger(__name__)
 #: The manifest's ``engine`` and ``interface`` for integer artifacts.
 ENGINE: Final = "integer"
 INTERFACE: Final = "integer-llm"
-PREPROCESSING_VERSION: Final = "integer-bpe-chatml/1"
+#: /2: prompt text is text (a special token's string is never its control id); the chat
+#: template's control tokens are inserted as ids (``Tokenizer.chat_tokens``)
+PREPROCESSING_VERSION: Final = "integer-bpe-chatml/2"
 CHAIN_FORMAT: Final = "fx-receipt-chain/1"
 #: Requests per ``run_batch`` call. The numpy oracle gains little from batching (its per-block
 #: int64 combination does not use BLAS) and a batch ends with its longest request, so keep it small
@@ -75,12 +77,14 @@ CHAIN_FORMAT: Final = "fx-receipt-chain/1"
 MAX_BATCH: Final = {"oracle": 4, "cpu-kernel": 4, "cupy": 64}
 _MAX_JSON_INT: Final = 2**53 - 1
 _DOCS: Final[dict[str, str]] = {
-    "prompt": "prompt text, tokenized with the artifact's byte-level BPE (special tokens such as "
-              "<|im_start|> recognised); exactly one of prompt, prompt_tokens, or the input body "
-              "(UTF-8) when both are absent",
-    "prompt_tokens": "prompt as token ids instead of prompt",
+    "prompt": "prompt text, tokenized with the artifact's byte-level BPE as text (a special "
+              "token's string such as <|im_start|> is ordinary text, never a control token); "
+              "exactly one of prompt, prompt_tokens, or the input body (UTF-8) when both are "
+              "absent",
+    "prompt_tokens": "prompt as token ids instead of prompt (control tokens included)",
     "chat": "wrap prompt as one ChatML user turn with the model's default system prompt and "
-            "open the assistant turn",
+            "open the assistant turn (control tokens only where the template puts them; the "
+            "prompt stays text)",
     "max_tokens": "tokens to generate at most (prompt + max_tokens <= the 8192 context)",
     "temperature": "0 = greedy; otherwise sampling at this temperature, parsed exactly to Q.16",
     "seed": "key of the counter-based PRNG (used only when temperature > 0); 0..2**53-1",
@@ -251,6 +255,8 @@ class IntegerEngineAdapter:
 
     name: str = ENGINE
     version: str = int_engine.ENGINE_VERSION
+    #: the executor passes each request's context; the receipt binds it (with the manifest hash)
+    binds_request_context: bool = True
 
     def __init__(self, options: EngineOptions | None = None) -> None:
         self.options = options or EngineOptions()
@@ -317,8 +323,12 @@ class IntegerEngineAdapter:
             {k: d.default for k, d in manifest.params.items()}, params, data)
 
     def run_batch(
-        self, model_hash: str, items: Sequence[tuple[Mapping[str, JsonValue], bytes]]
+        self, model_hash: str, items: Sequence[tuple[Mapping[str, JsonValue], bytes]],
+        contexts: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[EngineResult | EngineError]:
+        """``contexts``: per item, the request's ``workload_id``, ``effect_id``, ``epoch`` and
+        ``request_hash``; the receipt's ``context`` adds the loaded manifest's hash. Without
+        them (a caller outside the executor) receipts bind no context."""
         with self._lock:
             eng = self._engines.get(model_hash)
             manifest = self._manifests.get(model_hash)
@@ -326,6 +336,10 @@ class IntegerEngineAdapter:
             err = EngineError("engine_error", f"model {model_hash} is not loaded")
             return [err] * len(items)
         results: list[EngineResult | EngineError | None] = [None] * len(items)
+        ctxs: list[dict[str, Any] | None] = [None] * len(items)
+        if contexts is not None:
+            mh = manifest.manifest_hash()
+            ctxs = [receipt_context(**c, manifest_hash=mh) for c in contexts]
         todo: list[tuple[int, dict[str, Any]]] = []
         for i, (params, data) in enumerate(items):
             try:
@@ -336,21 +350,22 @@ class IntegerEngineAdapter:
                 results[i] = EngineError("params_invalid", str(exc))
             except EngineError as exc:
                 results[i] = exc
-        for i, ran in self._run(eng, todo):
+        for i, ran in self._run(eng, todo, ctxs):
             results[i] = ran
         done = [r for r in results if r is not None]
         assert len(done) == len(items)
         return done
 
-    def _run(self, eng: int_engine.IntegerEngine, todo: list[tuple[int, dict[str, Any]]]
+    def _run(self, eng: int_engine.IntegerEngine, todo: list[tuple[int, dict[str, Any]]],
+             ctxs: Sequence[dict[str, Any] | None]
              ) -> list[tuple[int, EngineResult | EngineError]]:
         if not todo:
             return []
         try:
-            outs = eng.run_batch([p for _, p in todo])
+            outs = eng.run_batch([p for _, p in todo], [ctxs[i] for i, _ in todo])
         except Exception as exc:
             if len(todo) > 1:  # find the request that fails; the others still answer
-                return [r for item in todo for r in self._run(eng, [item])]
+                return [r for item in todo for r in self._run(eng, [item], ctxs)]
             return [(todo[0][0], _engine_error(exc))]
         return [(i, _result(o)) for (i, _), o in zip(todo, outs, strict=True)]
 

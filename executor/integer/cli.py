@@ -1,5 +1,9 @@
 """argparse wiring for ``fx models import-int``, ``fx eval fidelity`` and ``fx verify``.
 
+``fx verify`` exit codes: 0 every check passed and every signer is a ``--trusted-key`` (verified);
+1 a check failed; 2 a usage or read error; 3 every check passed but no trusted key was given, so
+the signer is not authenticated (checked, not verified).
+
 Each ``add_*`` function adds ONE subparser to the given ``subparsers`` object and sets
 ``func(args) -> int`` (the exit code). ``register(subparsers)`` adds all three under the names
 ``import-int``, ``eval-fidelity`` and ``verify`` (for a flat command tree).
@@ -118,22 +122,33 @@ def _verify_workload(args: argparse.Namespace) -> int:
         result, lines = run(bootstrap, args.workload,
                             artifact=Path(args.artifact) if args.artifact else None,
                             store=store, strict_chain=args.strict_chain,
-                            reexecute=not args.no_reexecute, progress=progress)
+                            reexecute=not args.no_reexecute, progress=progress,
+                            trusted_keys=args.trusted_key or None)
     except (LookupError, TimeoutError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for line in lines:
         print(line)
-    return 0 if result.ok else 1
+    return exit_code(result.ok, result.authenticated)
 
 
-def _unwrap(item: dict[str, Any]) -> dict[str, Any]:
-    """A receipt, or a response record (JSON) whose ``receipt.integer`` is one."""
+EXIT_VERIFIED, EXIT_FAILED, EXIT_USAGE, EXIT_UNAUTHENTICATED = 0, 1, 2, 3
+
+
+def exit_code(ok: bool, authenticated: bool) -> int:
+    """See the module docstring."""
+    if not ok:
+        return EXIT_FAILED
+    return EXIT_VERIFIED if authenticated else EXIT_UNAUTHENTICATED
+
+
+def _unwrap(item: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(receipt, the response record carrying it in ``receipt.integer``, or None)."""
     if item.get("kind") == "response" and isinstance(item.get("receipt"), dict):
         inner = item["receipt"].get("integer")
         if isinstance(inner, dict):
-            return inner
-    return item
+            return inner, item
+    return item, None
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -145,11 +160,11 @@ def _verify(args: argparse.Namespace) -> int:
     if args.workload is not None:
         return _verify_workload(args)
     try:
-        receipts = [_unwrap(r) for r in receipt.load_receipts(args.receipt_file)]
+        items = [_unwrap(r) for r in receipt.load_receipts(args.receipt_file)]
     except (OSError, ValueError) as e:
         print(f"error: cannot read receipts: {e}", file=sys.stderr)
         return 2
-    if not receipts:
+    if not items:
         print("error: no receipts in file", file=sys.stderr)
         return 2
     trusted = args.trusted_key or None
@@ -157,20 +172,40 @@ def _verify(args: argparse.Namespace) -> int:
                           "reexecute": not args.no_reexecute}
     failed = 0
     prev: dict[str, Any] | None = None
-    for i, r in enumerate(receipts):
-        print(f"verify: receipt {i + 1}/{len(receipts)} (re-executing on the CPU oracle)",
+    for i, (r, record) in enumerate(items):
+        print(f"verify: receipt {i + 1}/{len(items)} (re-executing on the CPU oracle)",
               file=sys.stderr, flush=True)
         res = receipt.verify(r, prev=prev, **kw)
         prev = r
-        status = "OK" if res.ok else "FAIL"
+        reasons, checks, notes = list(res.reasons), list(res.checks), list(res.notes)
+        if record is not None:
+            more = receipt.check_record(record, r)
+            reasons += more[0]
+            checks += more[1]
+            notes += more[2]
+        else:
+            notes.append("a bare receipt: its context (workload, effect id, epoch, manifest) and "
+                         "output text were not compared with a response record")
+        notes.append("request not checked: the request record is on .out "
+                     "(fx verify --workload checks request_hash and prompt_text_hash)")
+        status = ("FAIL" if reasons else "OK" if trusted
+                  else "CHECKED (signer not authenticated)")
         print(f"receipt {i} seq={r.get('seq')} node={r.get('node_id')}: {status}")
-        for c in res.checks:
+        for c in checks:
             print(f"  ok    {c}")
-        for reason in res.reasons:
+        for reason in reasons:
             print(f"  FAIL  {reason}")
-        failed += 0 if res.ok else 1
-    print(f"{len(receipts) - failed}/{len(receipts)} receipts verified")
-    return 0 if failed == 0 else 1
+        for n in notes:
+            print(f"  note  {n}")
+        failed += 1 if reasons else 0
+    good = len(items) - failed
+    if trusted:
+        print(f"{good}/{len(items)} receipts verified")
+    else:
+        print(f"{good}/{len(items)} receipts checked (re-execution, chain, bindings); NOT "
+              "AUTHENTICATED: no --trusted-key, so the signer's key was not checked against "
+              "any trusted key")
+    return exit_code(failed == 0, trusted is not None)
 
 
 def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:
@@ -193,7 +228,9 @@ def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser
                         "fails")
     p.add_argument("--artifact", help="committed artifact path (default: the cached import)")
     p.add_argument("--trusted-key", action="append", default=[],
-                   help="hex Ed25519 public key to trust (repeatable; default: any)")
+                   help="hex Ed25519 public key (raw 32 bytes) to trust, repeatable; "
+                        "without one nothing is 'verified': the checks run, the signer is not "
+                        "authenticated, exit 3")
     p.add_argument("--no-reexecute", action="store_true",
                    help="check signature, hashes and chain only")
     p.set_defaults(func=_verify)

@@ -2,10 +2,14 @@
 
 Request parameters (``run(params)``), every one that changes the result, with defaults:
 
-    prompt        str    text, tokenized as is (special tokens such as <|im_start|> recognised)
-    prompt_tokens [int]  token ids instead of ``prompt`` (exactly one of the two)
+    prompt        str    text, tokenized as text: a special token's string such as <|im_start|>
+                         is ordinary text (never its control id)
+    prompt_tokens [int]  token ids instead of ``prompt`` (exactly one of the two; the way to
+                         send control tokens, recorded verbatim in the receipt)
     chat          bool   false; true wraps ``prompt`` as one ChatML user turn with the model's
-                         default system prompt and opens the assistant turn
+                         default system prompt and opens the assistant turn: the template's
+                         control tokens are inserted as ids, the user text stays text
+                         (``Tokenizer.chat_tokens``)
     max_tokens    int    64 (1..ctx_len)
     temperature   number 0 (greedy); parsed exactly to Q.16
     seed          int    0 (PRNG key; only used when temperature > 0)
@@ -25,7 +29,7 @@ from typing import Any, ClassVar, Final
 from . import artifact
 from .generate import GenRequest, GenResult, generate_batch
 from .oracle import Ops, OracleOps
-from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash
+from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash, text_hash
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -131,8 +135,9 @@ class IntegerEngine:
         if "prompt" in params:
             if not isinstance(p["prompt"], str):
                 raise ParamError("prompt must be a string")
-            text = self.tokenizer.chat_prompt(p["prompt"]) if p["chat"] else p["prompt"]
-            toks = self.tokenizer.encode(text)
+            # user text is text: control tokens only where the chat template puts them
+            toks = (self.tokenizer.chat_tokens(p["prompt"]) if p["chat"]
+                    else self.tokenizer.encode(p["prompt"]))
         else:
             raw = p["prompt_tokens"]
             if not isinstance(raw, list) or not all(
@@ -158,40 +163,53 @@ class IntegerEngine:
         return req, canon
 
     # ------------------------------------------------------------------ running
-    def run(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Run one request; returns a JSON-serialisable dict (see ``_result``)."""
-        return self.run_batch([params])[0]
+    def run(self, params: dict[str, Any],
+            context: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run one request; returns a JSON-serialisable dict (see ``_result``). ``context`` is
+        the receipt's ``context`` (:func:`receipt.receipt_context`; None outside an executor)."""
+        return self.run_batch([params], [context])[0]
 
-    def run_batch(self, batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def run_batch(self, batch: Sequence[dict[str, Any]],
+                  contexts: Sequence[dict[str, Any] | None] | None = None
+                  ) -> list[dict[str, Any]]:
         """Run several requests together (one batched forward per step); each result is
-        byte-identical to running it alone."""
+        byte-identical to running it alone. ``contexts``: each request's receipt context."""
         prepared = [self.prepare(p) for p in batch]
+        ctxs = list(contexts) if contexts is not None else [None] * len(batch)
+        texts = [p["prompt"] if isinstance(p.get("prompt"), str) else None for p in batch]
         with self._lock:
             results = generate_batch(self.ops, [r for r, _ in prepared])
-            return [self._result(req, canon, res)
-                    for (req, canon), res in zip(prepared, results, strict=True)]
+            return [self._result(req, canon, res, prompt_text=text, context=ctx)
+                    for (req, canon), res, text, ctx
+                    in zip(prepared, results, texts, ctxs, strict=True)]
 
-    def _result(self, req: GenRequest, canon: dict[str, Any], res: GenResult) -> dict[str, Any]:
+    def _result(self, req: GenRequest, canon: dict[str, Any], res: GenResult, *,
+                prompt_text: str | None = None,
+                context: dict[str, Any] | None = None) -> dict[str, Any]:
         toks = res.output_tokens
         finish = "stop" if toks and toks[-1] == req.stop_token else "length"
         text_toks = toks[:-1] if finish == "stop" else toks
+        text = self.tokenizer.decode(text_toks)
         body: dict[str, Any] = {
             "receipt_version": RECEIPT_VERSION,
             "kind": KIND,
             "model_hash": self.model_hash,
             "engine": {"name": ENGINE_NAME, "version": ENGINE_VERSION, "backend": self.backend,
                        "device_class": self.device_class},
+            "context": None if context is None else dict(context),
             "prompt_tokens": list(req.prompt_tokens),
             "input_hash": input_hash(req.prompt_tokens),
+            "prompt_text_hash": None if prompt_text is None else text_hash(prompt_text),
             "params": canon,
             "output_tokens": list(toks),
             "output_hash": output_hash(toks),
+            "output_text_hash": text_hash(text),
             "logits_digest": res.logits_digest,
         }
         receipt = self.signer.sign(body) if self.signer is not None else body
         return {
             "output_tokens": list(toks),
-            "text": self.tokenizer.decode(text_toks),
+            "text": text,
             "finish_reason": finish,
             "prompt_tokens": list(req.prompt_tokens),
             "model_hash": self.model_hash,

@@ -98,8 +98,7 @@ def evaluate(art: artifact.Artifact, *, prompts: list[dict[str, Any]] | None = N
     scores = []
     ti = tf = 0.0
     for i, p in enumerate(ps):
-        text = tok.chat_prompt(p["text"]) if p.get("chat") else p["text"]
-        toks = tok.encode(text)
+        toks = tok.chat_tokens(p["text"]) if p.get("chat") else tok.encode(p["text"])
         t0 = time.perf_counter()
         li = to_host(_logits(iops, toks))
         t1 = time.perf_counter()

@@ -1,26 +1,36 @@
 """Signed, hash-chained receipts of integer-engine runs, and their verification.
 
-A receipt is a JSON object (integers, strings, lists, booleans only; no floats)::
+A receipt is a JSON object (integers, strings, lists, booleans, null only; no floats)::
 
-    receipt_version   1
+    receipt_version   2
     kind              "ninelives:inference/run@0.1.0"
     model_hash        sha256 of the committed artifact file (hex)
     engine            {"name", "version", "backend", "device_class"}
+    context           what the receipt answers, or null for a run outside an executor:
+                      {"workload_id", "effect_id", "epoch",
+                       "request_hash":  sha256:<hex> of the EffectRequest's canonical bytes,
+                       "manifest_hash": sha256:<hex> of the model manifest as loaded}
     node_id           the producing executor node
     seq               index of this receipt in the node's chain (0 = first)
     prev_receipt_hash receipt_hash of the node's previous receipt, or 64 zeros at seq 0
     prompt_tokens     the input token ids
     input_hash        sha256(canonical({"prompt_tokens": [...]}))
+    prompt_text_hash  sha256 of the prompt text's UTF-8 (hex; the ``prompt`` parameter or input
+                      body as given, before any chat wrapping), or null for ``prompt_tokens``
     params            normalised integer parameters (max_tokens, temperature_q16, top_k,
                       top_p_q16, seed, stop_token)
     output_tokens     the generated token ids
     output_hash       sha256(canonical({"output_tokens": [...]}))
+    output_text_hash  sha256 of the output text's UTF-8 (hex): the decoding of output_tokens
+                      without a final stop_token, the response's ``text``
     logits_digest     sha256 over every decoding step's logits row (int64 little-endian)
     public_key        the node's Ed25519 public key, raw 32 bytes, hex
-    signature         Ed25519 over b"nlfx-receipt-v1\\0" + canonical(receipt without signature)
+    signature         Ed25519 over b"nlfx-receipt-v2\\0" + canonical(receipt without the
+                      signature key), the 64 signature bytes as 128 lowercase hex digits
 
 canonical(x) = JSON with sorted keys, no whitespace, UTF-8 (for these float-free objects this is
-RFC 8785). receipt_hash = sha256(canonical(full receipt, signature included)).
+RFC 8785). receipt_hash = sha256(canonical(full receipt, signature included)). Version 1 receipts
+(no context, no text hashes) are refused: nothing committed uses them.
 """
 
 from __future__ import annotations
@@ -38,14 +48,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .artifact import canonical_json
 
-RECEIPT_VERSION: Final = 1
-SIGNING_CONTEXT: Final = b"nlfx-receipt-v1\x00"
+RECEIPT_VERSION: Final = 2
+SIGNING_CONTEXT: Final = b"nlfx-receipt-v2\x00"
 GENESIS: Final = "0" * 64
 _FIELDS: Final = (
-    "receipt_version", "kind", "model_hash", "engine", "node_id", "seq", "prev_receipt_hash",
-    "prompt_tokens", "input_hash", "params", "output_tokens", "output_hash", "logits_digest",
-    "public_key", "signature",
+    "receipt_version", "kind", "model_hash", "engine", "context", "node_id", "seq",
+    "prev_receipt_hash", "prompt_tokens", "input_hash", "prompt_text_hash", "params",
+    "output_tokens", "output_hash", "output_text_hash", "logits_digest", "public_key",
+    "signature",
 )
+CONTEXT_FIELDS: Final = ("effect_id", "epoch", "manifest_hash", "request_hash", "workload_id")
 
 
 def sha256_hex(b: bytes) -> str:
@@ -58,6 +70,18 @@ def input_hash(prompt_tokens: Sequence[int]) -> str:
 
 def output_hash(output_tokens: Sequence[int]) -> str:
     return sha256_hex(canonical_json({"output_tokens": [int(t) for t in output_tokens]}))
+
+
+def text_hash(text: str) -> str:
+    """sha256 (hex) of a text's UTF-8 bytes: ``prompt_text_hash``, ``output_text_hash``."""
+    return sha256_hex(text.encode("utf-8"))
+
+
+def receipt_context(*, workload_id: str, effect_id: str, epoch: int, request_hash: str,
+                    manifest_hash: str) -> dict[str, Any]:
+    """A receipt's ``context``: the request it answers and the model manifest as loaded."""
+    return {"workload_id": workload_id, "effect_id": effect_id, "epoch": int(epoch),
+            "request_hash": request_hash, "manifest_hash": manifest_hash}
 
 
 def receipt_hash(receipt: dict[str, Any]) -> str:
@@ -127,6 +151,7 @@ class VerifyResult:
     ok: bool
     reasons: list[str]  # empty when ok; otherwise one line per failed check
     checks: list[str]  # what was checked and passed
+    notes: list[str] = dataclasses.field(default_factory=list)  # what could not be checked
 
     def __bool__(self) -> bool:
         return self.ok
@@ -162,6 +187,27 @@ def _malformed(receipt: dict[str, Any]) -> list[str]:
             bad.append(f"{f} is not a string")
     if not isinstance(receipt["engine"], dict):
         bad.append("engine is not an object")
+    if receipt["prompt_text_hash"] is not None and not _is_hex(receipt["prompt_text_hash"], 64):
+        bad.append("prompt_text_hash is neither null nor 64 lowercase hex digits")
+    if not _is_hex(receipt["output_text_hash"], 64):
+        bad.append("output_text_hash is not 64 lowercase hex digits")
+    ctx = receipt["context"]
+    if ctx is not None:
+        if not isinstance(ctx, dict) or sorted(ctx) != sorted(CONTEXT_FIELDS):
+            bad.append(f"context must be null or have exactly the fields "
+                       f"{', '.join(CONTEXT_FIELDS)}")
+        else:
+            for f in ("workload_id", "effect_id"):
+                if not isinstance(ctx[f], str):
+                    bad.append(f"context.{f} is not a string")
+            if not _is_int(ctx["epoch"]) or ctx["epoch"] < 1:
+                bad.append("context.epoch is not a positive integer")
+            from broker_schema.canonical import is_hash
+
+            for f in ("request_hash", "manifest_hash"):
+                v = ctx[f]
+                if not (isinstance(v, str) and is_hash(v)):
+                    bad.append(f"context.{f} is not sha256:<64 lowercase hex digits>")
     for f in ("prompt_tokens", "output_tokens"):
         v = receipt[f]
         if not isinstance(v, list) or not all(_is_int(t) for t in v):
@@ -182,6 +228,11 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
     passed: list[str] = []
     if not isinstance(receipt, dict):
         return [MALFORMED + f"a receipt is a JSON object, not {type(receipt).__name__}"], passed
+    version = receipt.get("receipt_version")
+    if version != RECEIPT_VERSION:
+        return [f"unknown receipt_version {version!r}: this verifier reads version "
+                f"{RECEIPT_VERSION} only (version 1 receipts bound no request context and are "
+                "not accepted)"], passed
     missing = [f for f in _FIELDS if f not in receipt]
     if missing:
         return [f"receipt lacks fields: {', '.join(missing)}"], passed
@@ -196,8 +247,20 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
     extra = sorted(set(receipt) - set(_FIELDS))
     if extra:
         reasons.append(f"receipt has unknown fields: {', '.join(extra)}")
-    if receipt["receipt_version"] != RECEIPT_VERSION:
-        reasons.append(f"receipt_version {receipt['receipt_version']!r} is not {RECEIPT_VERSION}")
+    ctx = receipt["context"]
+    if ctx is not None:
+        from broker_schema.records import parse_effect_id
+
+        try:
+            header = parse_effect_id(ctx["effect_id"])
+        except ValueError as exc:
+            reasons.append(f"context.effect_id: {exc}")
+        else:
+            if (header.workload_id, header.epoch) != (ctx["workload_id"], ctx["epoch"]):
+                reasons.append(f"context: effect id {ctx['effect_id']} does not name workload "
+                               f"{ctx['workload_id']!r} at epoch {ctx['epoch']}")
+            else:
+                passed.append("context (effect id names its workload and epoch)")
     # the project's one signature check (imported here: the engine's modules load without it)
     from broker_schema.signatures import verify_ed25519
 
@@ -248,7 +311,8 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
     """Check signature, hashes and chain link, then re-execute the numpy oracle from the
     committed artifact (pinned by ``model_hash``) and compare every output byte."""
     reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
-    if any(r.startswith(("receipt lacks", MALFORMED)) for r in reasons):
+    if any(r.startswith(("receipt lacks", "unknown receipt_version", MALFORMED))
+           for r in reasons):
         return VerifyResult(ok=False, reasons=reasons, checks=passed)
     if reexecute:
         from . import _paths
@@ -281,7 +345,122 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
                            "were not byte-identical")
         else:
             passed.append("logits_digest == oracle re-execution")
-    return VerifyResult(ok=not reasons, reasons=reasons, checks=passed)
+        stop = receipt["params"]["stop_token"]
+        text_toks = claimed[:-1] if claimed and claimed[-1] == stop else claimed
+        try:
+            text = eng.tokenizer.decode(text_toks)
+        except (TypeError, ValueError, IndexError, KeyError):
+            text = None
+        if text is None or text_hash(text) != receipt["output_text_hash"]:
+            reasons.append("output_text_hash is not the hash of the decoding of output_tokens")
+        else:
+            passed.append("output_text_hash == decoding of output_tokens")
+    notes = [] if receipt["context"] is not None else [
+        "the receipt binds no context (signed outside an executor): it is tied to no workload, "
+        "request or manifest"]
+    return VerifyResult(ok=not reasons, reasons=reasons, checks=passed, notes=notes)
+
+
+def check_record(record: dict[str, Any], receipt: dict[str, Any], *,
+                 check_signature: bool = True) -> tuple[list[str], list[str], list[str]]:
+    """A response record (its JSON) against the receipt it carries: everything the receipt binds
+    that the record also states. Returns (reasons, passed checks, notes).
+
+    Checked: the record's signature is by the receipt's key (``check_signature``); ``outcome`` is
+    ``ok``; ``effect_id``, ``header.workload_id`` and ``header.epoch`` are the receipt's context;
+    ``model_hash`` is ``sha256:`` + the receipt's modelHash; ``receipt.manifest_hash`` is the
+    context's; ``written_by`` is the receipt's ``node_id``; the inline JSON output's
+    ``output_tokens``, ``finish_reason`` and ``prompt_token_count`` follow from the receipt, and
+    the sha256 of its ``text`` is ``output_text_hash``. The request (``request_hash``,
+    ``prompt_text_hash``) is not in the record: ``fx verify --workload`` checks it on ``.out``."""
+    from broker_schema.canonical import hash_from_hex
+
+    reasons: list[str] = []
+    passed: list[str] = []
+    notes: list[str] = []
+    if check_signature:
+        from broker_schema.records import ResponseRecord
+        from broker_schema.signatures import response_signature_problem
+
+        try:
+            resp = ResponseRecord.model_validate(record)
+        except ValueError as exc:  # pydantic's ValidationError is one
+            reasons.append(f"not a valid response record: {str(exc)[:300]}")
+            return reasons, passed, notes
+        try:
+            key = bytes.fromhex(str(receipt.get("public_key")))
+        except ValueError:
+            key = b""
+        problem = response_signature_problem(resp, key)
+        if problem is None:
+            passed.append("response signature (by the receipt's key)")
+        else:
+            reasons.append(f"the response record is not signed by the receipt's key: {problem}")
+    if record.get("outcome") != "ok":
+        reasons.append(f"the response's outcome is {record.get('outcome')!r}, not 'ok'")
+    ctx = receipt.get("context")
+    raw_header = record.get("header")
+    header: dict[str, Any] = raw_header if isinstance(raw_header, dict) else {}
+    if not isinstance(ctx, dict):
+        reasons.append("the receipt binds no context: nothing ties it to this response")
+    else:
+        before = len(reasons)
+        if record.get("effect_id") != ctx.get("effect_id"):
+            reasons.append(f"effect id: the response is {record.get('effect_id')!r}, the "
+                           f"receipt was signed for {ctx.get('effect_id')!r}")
+        if header.get("workload_id") != ctx.get("workload_id"):
+            reasons.append(f"workload: the response is on {header.get('workload_id')!r}, the "
+                           f"receipt was signed for {ctx.get('workload_id')!r}")
+        if header.get("epoch") != ctx.get("epoch"):
+            reasons.append(f"epoch: the response is at epoch {header.get('epoch')!r}, the "
+                           f"receipt was signed at {ctx.get('epoch')!r}")
+        raw_extra = record.get("receipt")
+        extra: dict[str, Any] = raw_extra if isinstance(raw_extra, dict) else {}
+        if extra.get("manifest_hash") != ctx.get("manifest_hash"):
+            reasons.append(f"manifest: the response names manifest "
+                           f"{extra.get('manifest_hash')!r}, the receipt was signed for "
+                           f"{ctx.get('manifest_hash')!r}")
+        if len(reasons) == before:
+            passed.append("response effect id, workload, epoch, manifest == receipt context")
+    try:
+        model = hash_from_hex(str(receipt.get("model_hash")))
+    except ValueError:
+        model = None
+    if model is None or record.get("model_hash") != model:
+        reasons.append(f"model: the response names {record.get('model_hash')!r}, the receipt's "
+                       f"model_hash is {receipt.get('model_hash')!r}")
+    else:
+        passed.append("response model_hash == receipt model_hash")
+    if record.get("written_by") != receipt.get("node_id"):
+        reasons.append(f"node: the response was written by {record.get('written_by')!r}, the "
+                       f"receipt by node {receipt.get('node_id')!r}")
+    body = record.get("output")
+    out = body.get("data") if isinstance(body, dict) and body.get("type") == "inline" \
+        and body.get("encoding") == "json" else None
+    if not isinstance(out, dict):
+        notes.append("output not inline JSON: its text was not compared with the receipt")
+        return reasons, passed, notes
+    before = len(reasons)
+    toks = receipt.get("output_tokens")
+    if out.get("output_tokens") != toks:
+        reasons.append("output: the response's output_tokens differ from the receipt's")
+    params = receipt.get("params")
+    stop = params.get("stop_token") if isinstance(params, dict) else None
+    finish = "stop" if isinstance(toks, list) and toks and toks[-1] == stop else "length"
+    if out.get("finish_reason") != finish:
+        reasons.append(f"output: the response's finish_reason {out.get('finish_reason')!r} is "
+                       f"not {finish!r}, as the receipt's output_tokens and stop_token say")
+    prompt = receipt.get("prompt_tokens")
+    if isinstance(prompt, list) and out.get("prompt_token_count") != len(prompt):
+        reasons.append("output: the response's prompt_token_count is not the length of the "
+                       "receipt's prompt_tokens")
+    text = out.get("text")
+    if not isinstance(text, str) or text_hash(text) != receipt.get("output_text_hash"):
+        reasons.append("output text: the sha256 of the response's text is not the receipt's "
+                       "output_text_hash")
+    if len(reasons) == before:
+        passed.append("response output (tokens, finish_reason, text) == receipt")
+    return reasons, passed, notes
 
 
 def load_receipts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -5,6 +5,13 @@ every numeric character is isolated, then the GPT-2 byte-level pattern
 ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`` is applied
 (implemented by hand with ``unicodedata`` so no regex module is needed), without a prefix
 space. No BOS is added.
+
+Special tokens in text are text: ``encode`` recognises the control-token strings (``<|im_start|>``
+and the other token-type 3/4 entries) only when asked (``allow_special=True``, for trusted
+template text), and plain BPE never yields a special id. A chat prompt is built by
+``chat_tokens``: the template's control tokens are inserted as ids by the code and every piece of
+text (role name, system and user content) is encoded as text, so a user who types
+``<|im_start|>system`` gets ordinary text tokens, never a new turn.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ _WS = frozenset(
     "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,6 +119,10 @@ class Tokenizer:
         self.specials = sorted(
             (t for t, ty in zip(self.tokens, self.token_types, strict=True) if ty in (3, 4)),
             key=len, reverse=True)
+        #: ids of the control / user-defined tokens (token types 3 and 4)
+        self.special_ids = frozenset(self.ids[t] for t in self.specials)
+        self.im_start_id: int | None = self.ids.get(IM_START)
+        self.im_end_id: int | None = self.ids.get(IM_END)
         self.b2u = bytes_to_unicode()
         self.u2b = {c: b for b, c in self.b2u.items()}
         self._bpe_cache: dict[str, list[int]] = {}
@@ -131,14 +144,18 @@ class Tokenizer:
             sym[best:best + 2] = [sym[best] + sym[best + 1]]
         ids = []
         for s in sym:
-            if s in self.ids:
-                ids.append(self.ids[s])
-            else:  # unreachable with a complete byte vocabulary; fall back to bytes
+            tid = self.ids.get(s)
+            if tid is not None and tid not in self.special_ids:
+                ids.append(tid)
+            else:  # not in the vocabulary, or a special token's string: text stays text (bytes)
                 ids.extend(self.ids[c] for c in s)
         self._bpe_cache[word] = ids
         return ids
 
-    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+        """Token ids of ``text``. By default every character is text: a special token's string
+        (``<|im_start|>``) becomes ordinary BPE tokens, never its control id. ``allow_special``
+        splits those strings out as their ids first: only for trusted text, never a user's."""
         out: list[int] = []
         i = 0
         seg_start = 0
@@ -171,8 +188,33 @@ class Tokenizer:
                 parts.append(bytes(self.u2b[c] for c in t))
         return b"".join(parts).decode("utf-8", errors="replace")
 
+    def chat_tokens(self, user: str, *, system: str | None = DEFAULT_SYSTEM) -> list[int]:
+        r"""The ChatML prompt for one user turn, ready for the assistant's answer, as ids::
+
+            [<|im_start|>] text("system\n" + system) [<|im_end|>] text("\n")   (if system)
+            [<|im_start|>] text("user\n" + user)     [<|im_end|>] text("\n")
+            [<|im_start|>] text("assistant\n")
+
+        ``[x]`` is the control token's id, inserted here; ``text(s)`` is ``encode(s)`` with
+        special-token recognition off. For text without special-token strings this equals
+        ``encode(chat_prompt(user, system=system), allow_special=True)``."""
+        start, end = self.im_start_id, self.im_end_id
+        if start is None or end is None or not {start, end} <= self.special_ids:
+            raise ValueError(f"this vocabulary has no {IM_START} / {IM_END} control tokens")
+        out: list[int] = []
+        turns = [] if system is None else [("system", system)]
+        for role, content in [*turns, ("user", user)]:
+            out.append(start)
+            out.extend(self._encode_plain(f"{role}\n{content}"))
+            out.append(end)
+            out.extend(self._encode_plain("\n"))
+        out.append(start)
+        out.extend(self._encode_plain("assistant\n"))
+        return out
+
     def chat_prompt(self, user: str, *, system: str | None = DEFAULT_SYSTEM) -> str:
-        """ChatML text for one user turn, ready for the assistant's answer."""
+        """The ChatML text of ``chat_tokens`` (for display: tokenize with ``chat_tokens``; this
+        string, encoded with ``allow_special=True``, would let user text open turns)."""
         s = ""
         if system is not None:
             s += f"<|im_start|>system\n{system}<|im_end|>\n"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker_schema import topics
+from broker_schema import record_hash, topics
 from broker_schema.records import AcceptedRecord, FactsRecord, InlineBody, ResponseRecord
 from executor.engines.integer import import_artifact
 from executor.identity import verify_response
@@ -100,6 +100,9 @@ async def test_integer_engine_receipts_verify(
         c1, c2 = r1.receipt["integer"], r2.receipt["integer"]
         assert isinstance(c1, dict) and isinstance(c2, dict)
         assert c1["model_hash"] == manifest.hash.removeprefix("sha256:")
+        assert c1["context"] == {"workload_id": wl.workload_id, "effect_id": first.effect_id,
+                                 "epoch": first.header.epoch, "request_hash": record_hash(first),
+                                 "manifest_hash": manifest.manifest_hash()}
         assert c1["output_tokens"] == out1["output_tokens"]
         assert c1["public_key"] == base64.b64decode(public_key).hex()
         assert (c1["seq"], c1["prev_receipt_hash"]) == (0, GENESIS)
@@ -112,8 +115,9 @@ async def test_integer_engine_receipts_verify(
 
         # fx verify --workload: re-executes both on the CPU oracle, checks everything
         t0 = time.monotonic()
+        key_hex = base64.b64decode(public_key).hex()
         done = fx("verify", "--workload", wl.workload_id, "--bootstrap", kafka_bootstrap,
-                  "--store", str(store.root))
+                  "--store", str(store.root), "--trusted-key", key_hex)
         verify_s = time.monotonic() - t0
         print(done.stdout)
         print(f"fx verify --workload (2 receipts, re-executed): {verify_s:.2f} s")
@@ -139,6 +143,20 @@ async def test_integer_engine_receipts_verify(
     # the untouched copy (as the whole response record) verifies
     good = tmp_path / "response.json"
     good.write_text(json.dumps(r1.model_dump(mode="json")))
-    fine = fx("verify", str(good), "--artifact", str(store.path(manifest.hash)))
+    fine = fx("verify", str(good), "--artifact", str(store.path(manifest.hash)),
+              "--trusted-key", key_hex)
     assert fine.returncode == 0, fine.stdout + fine.stderr
+    assert "response effect id, workload, epoch, manifest == receipt context" in fine.stdout
+    # without a trusted key every check passes, yet nothing is called verified: exit 3
+    unauth = fx("verify", str(good), "--artifact", str(store.path(manifest.hash)))
+    assert unauth.returncode == 3 and "NOT AUTHENTICATED" in unauth.stdout, unauth.stdout
+    # the same record moved to another workload (re-signed by the node): refused
+    moved = r1.model_copy(update={"header": r1.header.model_copy(
+        update={"workload_id": "elsewhere"})})
+    moved = moved.model_copy(update={"effect_id": moved.header.effect_id})
+    (tmp_path / "moved.json").write_text(json.dumps(moved.model_dump(mode="json")))
+    refused = fx("verify", str(tmp_path / "moved.json"), "--artifact",
+                 str(store.path(manifest.hash)), "--trusted-key", key_hex)
+    assert refused.returncode == 1
+    assert "workload: the response is on 'elsewhere'" in refused.stdout
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from pydantic import JsonValue
 
+from broker_schema import record_hash
 from broker_schema.records import (
     INFERENCE_KIND,
     EffectRequest,
@@ -281,7 +282,8 @@ def test_chain_survives_restart_and_binds_the_key(identity: NodeIdentity, store:
 
 # ------------------------------------------------------------------------------ the verifier
 def _response(req: EffectRequest, offset: int, res: EngineResult, node: str,
-              ident: NodeIdentity, model_hash: str) -> ResponseRecord:
+              ident: NodeIdentity, model_hash: str,
+              manifest_hash: str = "sha256:" + "0" * 64) -> ResponseRecord:
     assert isinstance(res.output, dict)
     resp = ResponseRecord(
         effect_id=req.effect_id, header=req.header, request_offset=offset, outcome="ok",
@@ -289,7 +291,7 @@ def _response(req: EffectRequest, offset: int, res: EngineResult, node: str,
         executor=ExecutorInfo(node_id=node, engine="integer", engine_version="0.1.0",
                               device_class="cpu"),
         timing=Timing(received_us=1, started_us=2, finished_us=3), written_by=node,
-        receipt={"manifest_hash": "sha256:" + "0" * 64, **(res.receipt or {})},
+        receipt={"manifest_hash": manifest_hash, **(res.receipt or {})},
     )
     return ident.sign_response(resp)
 
@@ -308,12 +310,22 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     log = WorkloadLog("wl1", [], {}, {"node-a": _facts("node-a", identity)})
     for i, req in enumerate(reqs):
         log.requests[10 + i] = req
-        res = ok(run1(a, manifest.hash, req.params))
-        log.responses.append((100 + i, _response(req, 10 + i, res, "node-a", identity,
-                                                 manifest.hash)))
+        ctx = {"workload_id": "wl1", "effect_id": req.effect_id, "epoch": req.header.epoch,
+               "request_hash": record_hash(req)}  # what the executor passes
+        (res,) = a.run_batch(manifest.hash, [(req.params, b"")], contexts=[ctx])
+        log.responses.append((100 + i, _response(req, 10 + i, ok(res), "node-a", identity,
+                                                 manifest.hash, manifest.manifest_hash())))
     resolve = artifact_resolver(store=store.root)
-    good = verify_records(log, resolve=resolve)
-    assert good.ok, render(good)
+    checked = verify_records(log, resolve=resolve)
+    assert checked.ok and not checked.verified, render(checked)
+    assert render(checked)[-1].startswith("NOT AUTHENTICATED")
+    good = verify_records(log, resolve=resolve,
+                          trusted_keys=[rcpt(res)["public_key"]])
+    assert good.verified, render(good)
+    assert "request hash and prompt text hash == the request on .out" in good.receipts[0].checks
+    untrusted = verify_records(log, resolve=resolve, trusted_keys=["ab" * 32])
+    assert not untrusted.ok
+    assert any("is not trusted" in r for r in untrusted.receipts[0].reasons)
     for c in good.receipts:
         assert "output_tokens == oracle re-execution" in c.checks
         assert "response signature (node key on sys.facts)" in c.checks
@@ -337,7 +349,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
         lg.responses[1] = (off, identity.sign_response(
             resp.model_copy(update={"output": InlineBody.of_json(o), "signature": None})))
 
-    assert any("text is not the decoding" in r for r in broken(forged_output))
+    assert any(r.startswith("output text:") for r in broken(forged_output))
 
     def other_key(lg: WorkloadLog) -> None:
         lg.facts["node-a"] = _facts("node-a", NodeIdentity.generate())

@@ -215,13 +215,16 @@ _SIGNER = ReceiptSigner.generate(node_id="fz-node")
 
 
 def _receipt() -> dict[str, Any]:
-    from executor.integer.receipt import input_hash, output_hash
+    from executor.integer.receipt import RECEIPT_VERSION, input_hash, output_hash
 
     signer = ReceiptSigner(_SIGNER.key, node_id="fz-node")
     return signer.sign({
-        "receipt_version": 1, "kind": bs.INFERENCE_KIND, "model_hash": "a" * 64,
+        "receipt_version": RECEIPT_VERSION, "kind": bs.INFERENCE_KIND, "model_hash": "a" * 64,
         "engine": {"name": "integer", "version": "0", "backend": "oracle", "device_class": "cpu"},
+        "context": {"workload_id": "fz", "effect_id": "fz/0/0@1", "epoch": 1,
+                    "request_hash": "sha256:" + "c" * 64, "manifest_hash": "sha256:" + "d" * 64},
         "prompt_tokens": [1, 2, 3], "input_hash": input_hash([1, 2, 3]),
+        "prompt_text_hash": "e" * 64, "output_text_hash": "f" * 64,
         "params": {"max_tokens": 2, "seed": 0, "stop_token": None, "temperature_q16": 0,
                    "top_k": 0, "top_p_q16": 65536},
         "output_tokens": [4, 5], "output_hash": output_hash([4, 5]), "logits_digest": "b" * 64,

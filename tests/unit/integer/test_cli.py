@@ -41,8 +41,19 @@ def test_verify_command(synth_path: Path, tmp_path: Path,
     f = tmp_path / "chain.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rs) + "\n")
     args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path)])
+    assert args.func(args) == 3  # every check passes, but no trusted key: not "verified"
+    out = capsys.readouterr().out
+    assert "2/2 receipts checked" in out and "NOT AUTHENTICATED" in out and "verified" not in out
+    key = rs[0]["public_key"]
+    args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path),
+                                 "--trusted-key", key])
     assert args.func(args) == 0
     assert "2/2 receipts verified" in capsys.readouterr().out
+    other = ReceiptSigner.generate(node_id="cli").public_key_hex
+    args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path),
+                                 "--trusted-key", other])
+    assert args.func(args) == 1
+    assert "is not trusted" in capsys.readouterr().out
     rs[1]["output_tokens"][0] ^= 1
     f.write_text("\n".join(json.dumps(r) for r in rs) + "\n")
     assert args.func(args) == 1

@@ -13,8 +13,9 @@ def tok(real: artifact.Artifact) -> Tokenizer:
 
 def test_chatml_encoding(tok: Tokenizer) -> None:
     text = tok.chat_prompt("What is the capital of France?", system=None)
-    assert tok.encode(text) == [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
-                                520, 9531, 198]
+    ids = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    assert tok.encode(text, allow_special=True) == ids  # the template text, trusted
+    assert tok.chat_tokens("What is the capital of France?", system=None) == ids
 
 
 def test_pre_tokenizer_rules() -> None:
