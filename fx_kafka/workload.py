@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Final, Literal
 
@@ -40,22 +41,47 @@ async def ensure_workload_topics(bootstrap: str, workload_id: str, *,
     return names
 
 
-async def topic_configs(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
-    """The effective configs of ``names`` (``{topic: {key: value}}``), by DescribeConfigs."""
-    admin = make_admin(bootstrap)
-    try:
-        await admin.start()
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in names])
-    finally:
-        await admin.close()
+#: DescribeConfigs error for a topic the answering broker does not know (yet).
+_UNKNOWN_TOPIC = 3
+
+
+async def topic_configs(bootstrap: str, names: list[str], *,
+                        settle_s: float = 10.0) -> dict[str, dict[str, str]]:
+    """The effective configs of ``names`` (``{topic: {key: value}}``), by DescribeConfigs.
+
+    A topic created a moment ago may not be in the answering broker's metadata yet (seen under
+    load, and on a cluster): an unknown topic is asked about again for up to ``settle_s``
+    seconds before it is a :class:`TopicConfigError`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle_s
     out: dict[str, dict[str, str]] = {}
-    for response in responses:
-        for error_code, message, _type, name, entries in response.resources:
-            if error_code:
-                raise TopicConfigError(f"describing topic {name!r}: error {error_code} {message}")
-            out[name] = {entry[0]: entry[1] for entry in entries}
-    return out
+    wanted = list(dict.fromkeys(names))
+    while True:
+        admin = make_admin(bootstrap)
+        try:
+            await admin.start()
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in wanted])
+        finally:
+            await admin.close()
+        unknown: list[tuple[str, str]] = []
+        for response in responses:
+            for error_code, message, _type, name, entries in response.resources:
+                if error_code == _UNKNOWN_TOPIC:
+                    unknown.append((name, message))
+                elif error_code:
+                    raise TopicConfigError(
+                        f"describing topic {name!r}: error {error_code} {message}")
+                else:
+                    out[name] = {entry[0]: entry[1] for entry in entries}
+        if not unknown:
+            return out
+        if loop.time() >= deadline:
+            name, message = unknown[0]
+            raise TopicConfigError(f"describing topic {name!r}: error {_UNKNOWN_TOPIC} "
+                                   f"(unknown topic) {message}")
+        wanted = [name for name, _ in unknown]
+        await asyncio.sleep(0.1)
 
 
 async def check_workload_topics(bootstrap: str, workload_id: str, *,
