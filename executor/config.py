@@ -143,6 +143,14 @@ class ExecutorConfig(BaseModel):
         return "\n".join(lines)
 
 
+    @field_validator("node_id")
+    @classmethod
+    def _check_node_id(cls, value: str) -> str:
+        # the node's receipt ledger is a topic named after it: refuse at start, not at the
+        # first receipt
+        topics.ledger(value)
+        return value
+
     @field_validator("kafka_security")
     @classmethod
     def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:

@@ -84,3 +84,10 @@ def test_kafka_security_from_the_config(tmp_path: Path) -> None:
                                                    "ca_file": str(tmp_path / "missing.pem")})
     with pytest.raises(ConfigError, match="FX_KAFKA_CA_FILE"):
         bad.client_security()
+
+
+def test_a_node_id_that_cannot_name_its_ledger_is_refused_at_load() -> None:
+    assert load_config(environ={}, node_id="exec-a.b_c").node_id == "exec-a.b_c"
+    for bad in ("exec a", "exec/a", "ex\u00e9c", "sys\x00x"):
+        with pytest.raises(ConfigError, match="ledger"):
+            load_config(environ={}, node_id=bad)
