@@ -136,7 +136,7 @@ def _consistency(args: argparse.Namespace) -> int:
 
 
 def _watch_once(args: argparse.Namespace, state_path: Path | None) -> list[str]:
-    a, _, _ = _read(args)
+    a, _, source = _read(args)
     problems = _problems(a)
     cp = a.latest
     if state_path is not None and state_path.exists():
@@ -157,7 +157,7 @@ def _watch_once(args: argparse.Namespace, state_path: Path | None) -> list[str]:
         os.replace(tmp, state_path)
     size = cp.size if cp else 0
     print(json.dumps({"time": int(time.time()), "size": size, "pending": a.pending,
-                      "root": cp.root.hex() if cp else None, "ok": not problems,
+                      "root": cp.root.hex() if cp else None, "key": source, "ok": not problems,
                       "problems": problems}), flush=True)
     return problems
 

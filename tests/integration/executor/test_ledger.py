@@ -113,6 +113,7 @@ async def test_ledger_holds_every_receipt(
     state = tmp_path / "watch.json"
     rc, seen = _watch(kafka_bootstrap, node, key_b64, state)
     assert (rc, seen["ok"], seen["size"]) == (0, True, 3), seen
+    assert seen["key"] == "--key", seen  # it says which key the checkpoints were checked with
     rc, seen = _watch(kafka_bootstrap, node, key_b64, state)  # again: unchanged is fine
     assert rc == 0, seen
 
