@@ -260,9 +260,19 @@ async def the_integer_engine(bootstrap: str, work: Path) -> bool:
         if isinstance(a, dict):
             _say(f"   Q: {a.get('question')}\n   A: {a.get('answer')!r}")
             ok &= isinstance(a.get("answer"), str)
-    _say("   fx verify --workload: re-execute every receipt on the CPU oracle")
+    # the key is pinned out of band, as an operator who runs the node would: read from the
+    # node's own key file, never from sys.facts (which anyone who can write it decides)
+    from cryptography.hazmat.primitives import serialization
+
+    from executor.identity import NodeIdentity
+
+    node = NodeIdentity.load_or_create(work / "int-executor.key")
+    key_hex = node.public_key.public_bytes(serialization.Encoding.Raw,
+                                           serialization.PublicFormat.Raw).hex()
+    _say("   fx verify --workload --trusted-key <the node's key, from its key file>: "
+         "re-execute every receipt on the CPU oracle")
     ver = _fx("verify", "--workload", wid, "--bootstrap", bootstrap, "--store", str(store),
-              timeout=600)
+              "--trusted-key", key_hex, timeout=600)
     shown = ver.stdout if ver.returncode == 0 else ver.stdout + ver.stderr
     for line in shown.strip().splitlines()[-8:]:
         _say("   " + line)
