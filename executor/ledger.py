@@ -32,9 +32,7 @@ async def read_ledger(bootstrap: str, node_id: str, *, timeout: float = 60.0,
                       topic: str | None = None) -> list[tuple[int, bytes]]:
     """Every record of ``sys.ledger.<node_id>`` (or of ``topic``, a copy of it) as
     ``(offset, value)``; [] when the topic does not exist."""
-    from aiokafka import TopicPartition
-
-    from fx_kafka.client import make_consumer
+    from fx_kafka.client import make_consumer, read_partition
 
     topic = topic or topics.ledger(node_id)
     consumer = make_consumer(bootstrap, isolation_level="read_committed")
@@ -42,23 +40,8 @@ async def read_ledger(bootstrap: str, node_id: str, *, timeout: float = 60.0,
     try:
         if topic not in await consumer.topics():
             return []
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        out: list[tuple[int, bytes]] = []
-        if begin >= end:
-            return out
-        consumer.seek(tp, begin)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await consumer.position(tp) < end:
-            if loop.time() > deadline:
-                raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
-                                   f"of {end}")
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            out.extend((m.offset, m.value or b"") for m in batch.get(tp, []) if m.offset < end)
-        return out
+        read = await read_partition(consumer, topic, timeout=timeout)
+        return [(offset, value) for offset, _, value in read.records]
     finally:
         await consumer.stop()
 

@@ -117,26 +117,10 @@ class WorkloadVerification:
 
 # ------------------------------------------------------------------------------ reading
 async def _read_partition(consumer: Any, topic: str, timeout: float) -> list[tuple[int, bytes]]:
-    from aiokafka import TopicPartition
+    from fx_kafka.client import read_partition
 
-    tp = TopicPartition(topic, 0)
-    consumer.assign([tp])
-    begin = (await consumer.beginning_offsets([tp]))[tp]
-    end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
-    out: list[tuple[int, bytes]] = []
-    if begin >= end:
-        return out
-    consumer.seek(tp, begin)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while await consumer.position(tp) < end:
-        if loop.time() > deadline:
-            raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} of {end}")
-        batch = await consumer.getmany(tp, timeout_ms=500)
-        for msg in batch.get(tp, []):
-            if msg.offset < end:
-                out.append((msg.offset, msg.value or b""))
-    return out
+    read = await read_partition(consumer, topic, timeout=timeout)
+    return [(offset, value) for offset, _, value in read.records]
 
 
 async def read_log(bootstrap: str, workload_id: str, *, timeout: float = 60.0) -> WorkloadLog:

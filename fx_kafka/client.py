@@ -15,9 +15,10 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
@@ -38,6 +39,7 @@ from fx_kafka.security import current as current_security
 
 __all__ = [
     "FRAME_CAP_BYTES",
+    "PartitionRead",
     "broker_count",
     "check_authorized",
     "create_topics",
@@ -45,6 +47,7 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "probe_connection",
+    "read_partition",
     "wait_brokers",
     "wait_ready",
 ]
@@ -306,3 +309,41 @@ def make_consumer(
     }
     options.update(kw)
     return AIOKafkaConsumer(*topics, **options)
+
+
+@dataclass
+class PartitionRead:
+    """What :func:`read_partition` read: the log start (``begin``), the last stable offset at
+    the time of the call (``end``) and every record in between as ``(offset, broker time,
+    value)``."""
+
+    begin: int
+    end: int
+    records: list[tuple[int, int, bytes]] = field(default_factory=list)
+
+
+async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int | None = None,
+                         timeout: float = 30.0) -> PartitionRead:
+    """Read partition 0 of ``topic`` with ``consumer`` (started, read_committed) from ``start``
+    (default: the log start) up to its last stable offset at the time of the call.
+    ``TimeoutError`` when the read does not get there within ``timeout`` seconds. The one
+    partition reader of the project: replay, why, verify and the ledger all read through it."""
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    begin = (await consumer.beginning_offsets([tp]))[tp]
+    end = (await consumer.end_offsets([tp]))[tp]
+    read = PartitionRead(begin=begin, end=end)
+    first = begin if start is None else max(begin, start)
+    if first >= end:
+        return read
+    consumer.seek(tp, first)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await consumer.position(tp) < end:
+        if loop.time() > deadline:
+            raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
+                               f"of {end}")
+        batch = await consumer.getmany(tp, timeout_ms=500)
+        read.records.extend((m.offset, m.timestamp, m.value or b"")
+                            for m in batch.get(tp, []) if m.offset < end)
+    return read

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from aiokafka import TopicPartition
 
 from broker_schema import DecodeError, FactsRecord, SnapshotRecord, decode, topics
-from fx_kafka.client import check_authorized, make_consumer
+from fx_kafka.client import check_authorized, make_consumer, read_partition
 from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
 
 
@@ -19,32 +19,16 @@ async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
     consumer = make_consumer(bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
+        consumer.assign([TopicPartition(topic, 0)])
         await check_authorized(consumer, [topic])  # a denied topic: said at once
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        view = TopicView(topic=topic, start=begin, end=begin)
-        first = begin if start is None else max(begin, start)
-        if first >= end:
-            view.end = max(view.end, end)
-            return view
-        consumer.seek(tp, first)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await consumer.position(tp) < end:
-            if loop.time() > deadline:
-                raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
-                                   f"of {end}")
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            for msg in batch.get(tp, []):
-                if msg.offset >= end:
-                    break
-                view.add(LogRecord(msg.offset, msg.timestamp, msg.value or b""))
-        view.end = max(view.end, end)
-        return view
+        read = await read_partition(consumer, topic, start=start, timeout=timeout)
     finally:
         await consumer.stop()
+    view = TopicView(topic=topic, start=read.begin, end=read.begin)
+    for offset, time_ms, value in read.records:
+        view.add(LogRecord(offset, time_ms, value))
+    view.end = max(view.end, read.end)
+    return view
 
 
 async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from fx_kafka.workload import ensure_system_topics, ensure_workload_topics, topi
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness, executor_available, fx_command
+from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
@@ -72,22 +70,6 @@ async def test_topics_are_replicated_three_times(cluster: LocalKafka,
         assert configs[name]["unclean.leader.election.enable"] == "false", name
     for name in names:
         assert configs[name]["retention.ms"] == "-1", name
-
-
-@pytest.fixture(scope="module")
-def magika_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    if not executor_available():
-        message = "`fx executor run --help` does not work here: the executor is not installed"
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-            pytest.fail(message)
-        pytest.skip(message)
-    store = tmp_path_factory.mktemp("models")
-    subprocess.run([*fx_command(), "models", "import", "magika", "--store", str(store)],
-                   check=True, capture_output=True, timeout=300, cwd=ROOT)
-    listed = subprocess.run([*fx_command(), "models", "list", "--store", str(store), "--json"],
-                            check=True, capture_output=True, timeout=120, cwd=ROOT)
-    (model,) = [m for m in json.loads(listed.stdout) if m["interface"] == "magika"]
-    return store, str(model["hash"])
 
 
 def _file(i: int) -> bytes:

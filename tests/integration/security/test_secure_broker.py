@@ -41,7 +41,7 @@ from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
 from workload_sdk._api import body_of
 from workload_sdk._kafka_io import read_topic
 from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness, executor_available, fx_command
+from workload_sdk.testing import WorkloadHarness, fx_command
 
 pytestmark = pytest.mark.integration
 
@@ -200,22 +200,6 @@ def _decisions(view: Iterable[Any]) -> list[dict[str, Any]]:
             if isinstance(data, dict) and "decision" in data:
                 out.append(data)
     return out
-
-
-@pytest.fixture(scope="module")
-def magika_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    if not executor_available():
-        message = "`fx executor run --help` does not work here: the executor is not installed"
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-            pytest.fail(message)
-        pytest.skip(message)
-    store = tmp_path_factory.mktemp("models")
-    subprocess.run([*fx_command(), "models", "import", "magika", "--store", str(store)],
-                   check=True, capture_output=True, timeout=300, cwd=ROOT)
-    listed = subprocess.run([*fx_command(), "models", "list", "--store", str(store), "--json"],
-                            check=True, capture_output=True, timeout=120, cwd=ROOT)
-    (model,) = [m for m in json.loads(listed.stdout) if m["interface"] == "magika"]
-    return store, str(model["hash"])
 
 
 async def test_the_normal_flow_works_with_each_role_its_own_user(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from broker_schema import INFERENCE_KIND, OutputRecord, decode, sha256_hex, topi
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness, executor_available, fx_command
+from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
@@ -39,23 +38,6 @@ def _decisions(log: WorkloadLog) -> list[dict[str, object]]:
     return [o.body.data for o in (decode(r.value) for r in log["out"])
             if isinstance(o, OutputRecord) and isinstance(o.body.data, dict)
             and "decision" in o.body.data]
-
-
-@pytest.fixture(scope="module")
-def magika_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    if not executor_available():
-        # the executor is part of this project: in CI its absence is a failure, never a skip
-        message = "`fx executor run --help` does not work here: the executor is not installed"
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-            pytest.fail(message)
-        pytest.skip(message)
-    store = tmp_path_factory.mktemp("models")
-    subprocess.run([*fx_command(), "models", "import", "magika", "--store", str(store)],
-                   check=True, capture_output=True, timeout=300, cwd=ROOT)
-    listed = subprocess.run([*fx_command(), "models", "list", "--store", str(store), "--json"],
-                            check=True, capture_output=True, timeout=120, cwd=ROOT)
-    (model,) = [m for m in json.loads(listed.stdout) if m["interface"] == "magika"]
-    return store, str(model["hash"])
 
 
 async def test_real_executor_magika_end_to_end(
