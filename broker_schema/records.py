@@ -157,12 +157,21 @@ class InlineBody(_Model):
 
 
 class ChunkRef(_Model):
-    """A body stored in the chunk store, named by the sha256 of its bytes."""
+    """A body stored in the chunk store, named by the sha256 of its bytes.
+
+    Chunks are stored per workload: a chunk belongs to the workload it was stored for, and a
+    request reads it only from there. ``workload`` names the owner when it is not the
+    workload the reference is read in (the request's, or for a reference inside a stream
+    record, the workload of that record's topic); reading another workload's chunks needs that
+    workload in the reader's ``SpecRecord.chunks_from``. Left out of the canonical bytes when
+    None, so references written before the field existed keep their bytes and hash.
+    """
 
     type: Literal["chunk"] = "chunk"
     hash: Hash
     size: Annotated[int, Field(ge=0, le=2**53 - 1)]
     media_type: str | None = None
+    workload: WorkloadId | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class StreamRef(_Model):
@@ -332,6 +341,11 @@ class SpecRecord(_Model):
     #: (``invalid_record``): it fails closed, never reads a grant as nothing.
     input_topics: tuple[InputTopic, ...] = Field(default=(), exclude_if=lambda v: not v,
                                                  max_length=64)
+    #: Workloads beyond this one whose chunks its requests' chunk references may name (with
+    #: ``ChunkRef.workload``). Optional and left out of the canonical bytes when empty, like
+    #: ``input_topics``.
+    chunks_from: tuple[WorkloadId, ...] = Field(default=(), exclude_if=lambda v: not v,
+                                                max_length=64)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

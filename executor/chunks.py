@@ -1,22 +1,32 @@
 """The chunk store: bodies over the 64 KiB inline limit, named by the sha256 of their bytes.
 
+Chunks are stored **per workload**: every read and write names the workload the chunk belongs
+to, and a chunk stored for one workload is not there for another, even with the same bytes.
+Which workload a request may read chunks of is decided, purely, by
+:func:`executor.core.chunk_problem`; the store only keeps the namespaces apart.
+
 Two backends with one interface (:class:`ChunkStore`):
 
-- :class:`FsChunkStore` (default): ``<dir>/sha256/<hex>``, written atomically. One machine, or a
-  shared filesystem.
+- :class:`FsChunkStore` (default): ``<dir>/wl/<workload>/sha256/<hex>``, written atomically.
+  One machine, or a shared filesystem.
 - :class:`KafkaChunkStore`: the compacted topic ``sys.chunks`` (one partition), with a
   :class:`FsChunkStore` as local cache. Chosen over an S3-compatible store because a Kafka broker
   is always there (no new service, credentials or client library), it replicates the chunks exactly
   as it replicates the records that name them, and compaction by key never drops a chunk while it
   is the latest value of its key (content-addressed values never change, so every chunk stays).
   A chunk larger than the frame cap is split into parts of :data:`PART_BYTES`, keyed
-  ``<hash>/<i>/<n>``; each part's headers repeat the chunk hash, part number and total size.
+  ``<workload>/<hash>/<i>/<n>``; each part's headers repeat the workload, chunk hash, part
+  number and total size.
   The cost: Kafka has no lookup by key, so a reader keeps an index (key -> offset) by reading the
   topic from the start, and catches up to the end offset on a miss. Fine for request/response
   bodies (kilobytes to megabytes); model files (gigabytes) stay in the model store.
 
 Every read is hash-checked: a missing chunk raises ``input_missing``, one whose bytes do not hash
 to the reference (or have the wrong size) ``input_hash_mismatch``.
+
+Chunks written before the store was per workload (``<dir>/sha256/<hex>``, keys
+``<hash>/<i>/<n>``) belong to no workload and are never read; store them again with
+``fx chunk put --workload ID`` (docs/executor.md, "The chunk store").
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any, Protocol
 from broker_schema import topics
 from broker_schema.canonical import hex_of_hash, is_hash, sha256_hex
 from broker_schema.records import ChunkRef
+from broker_schema.topics import check_workload_id
 from executor.errors import OutcomeError
 
 __all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check_chunk"]
@@ -53,42 +64,54 @@ def check_chunk(ref: ChunkRef, data: bytes) -> bytes:
     return data
 
 
-class ChunkStore(Protocol):
-    """Where bodies over the inline limit live."""
+def _workload(workload: str) -> str:
+    try:
+        return check_workload_id(workload)
+    except ValueError as exc:
+        raise OutcomeError("input_missing", str(exc)) from None
 
-    async def get(self, ref: ChunkRef) -> bytes:
-        """The chunk's bytes, hash-checked (``input_missing`` / ``input_hash_mismatch``)."""
+
+class ChunkStore(Protocol):
+    """Where bodies over the inline limit live, one namespace per workload."""
+
+    async def get(self, ref: ChunkRef, *, workload: str) -> bytes:
+        """The bytes of ``workload``'s chunk ``ref.hash``, hash-checked (``input_missing`` /
+        ``input_hash_mismatch``). ``ref.workload`` is not looked at: the caller decides whose
+        chunk to read (:func:`executor.core.chunk_owner`)."""
         ...
 
-    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
-        """Store ``data`` (idempotent) and return its reference."""
+    async def put(self, data: bytes, *, workload: str,
+                  media_type: str | None = None) -> ChunkRef:
+        """Store ``data`` for ``workload`` (idempotent) and return its reference."""
         ...
 
 
 class FsChunkStore:
-    """Chunks as files under ``root/sha256/``."""
+    """Chunks as files under ``root/wl/<workload>/sha256/``."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
-    def path(self, chunk_hash: str) -> Path:
-        """The file of ``chunk_hash``."""
+    def path(self, chunk_hash: str, workload: str) -> Path:
+        """The file of ``workload``'s chunk ``chunk_hash``."""
         if not is_hash(chunk_hash):
             raise OutcomeError("input_missing", f"not a chunk hash: {chunk_hash!r}")
-        return self.root / "sha256" / hex_of_hash(chunk_hash)
+        return self.root / "wl" / _workload(workload) / "sha256" / hex_of_hash(chunk_hash)
 
-    def get_sync(self, ref: ChunkRef) -> bytes:
+    def get_sync(self, ref: ChunkRef, *, workload: str) -> bytes:
         """Blocking :meth:`get`."""
         try:
-            data = self.path(ref.hash).read_bytes()
+            data = self.path(ref.hash, workload).read_bytes()
         except FileNotFoundError:
-            raise OutcomeError("input_missing", f"no chunk {ref.hash} in {self.root}") from None
+            raise OutcomeError("input_missing", f"no chunk {ref.hash} of workload {workload} "
+                               f"in {self.root}") from None
         return check_chunk(ref, data)
 
-    def put_sync(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
+    def put_sync(self, data: bytes, *, workload: str,
+                 media_type: str | None = None) -> ChunkRef:
         """Blocking :meth:`put`."""
         ref = ChunkRef(hash=sha256_hex(data), size=len(data), media_type=media_type)
-        final = self.path(ref.hash)
+        final = self.path(ref.hash, workload)
         # Only a file that really holds these bytes makes the write unnecessary: a damaged file
         # of the same size (a flipped byte) is replaced, so a cache repaired from sys.chunks
         # stays repaired.
@@ -106,29 +129,34 @@ class FsChunkStore:
                 os.unlink(tmp)
         return ref
 
-    def has(self, chunk_hash: str) -> bool:
-        """Whether a file for ``chunk_hash`` is there (not checked)."""
-        return self.path(chunk_hash).exists()
+    def has(self, chunk_hash: str, workload: str) -> bool:
+        """Whether a file for ``workload``'s ``chunk_hash`` is there (not checked)."""
+        return self.path(chunk_hash, workload).exists()
 
-    async def get(self, ref: ChunkRef) -> bytes:
+    async def get(self, ref: ChunkRef, *, workload: str) -> bytes:
         """The chunk's bytes, hash-checked."""
-        return await asyncio.to_thread(self.get_sync, ref)
+        return await asyncio.to_thread(self.get_sync, ref, workload=workload)
 
-    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
-        """Store ``data`` and return its reference."""
-        return await asyncio.to_thread(self.put_sync, data, media_type=media_type)
-
-
-def _part_key(chunk_hash: str, index: int, total: int) -> bytes:
-    return f"{chunk_hash}/{index}/{total}".encode()
+    async def put(self, data: bytes, *, workload: str,
+                  media_type: str | None = None) -> ChunkRef:
+        """Store ``data`` for ``workload`` and return its reference."""
+        return await asyncio.to_thread(self.put_sync, data, workload=workload,
+                                       media_type=media_type)
 
 
-def _parse_key(key: bytes | None) -> tuple[str, int, int] | None:
+def _part_key(workload: str, chunk_hash: str, index: int, total: int) -> bytes:
+    return f"{workload}/{chunk_hash}/{index}/{total}".encode()
+
+
+def _parse_key(key: bytes | None) -> tuple[str, str, int, int] | None:
+    """``(workload, hash, part, parts)`` of a part's key; None for anything else (keys of the
+    store before it was per workload, ``<hash>/<i>/<n>``, included)."""
     if key is None:
         return None
     try:
-        h, i, n = key.decode().rsplit("/", 2)
-        return (h, int(i), int(n)) if is_hash(h) else None
+        w, h, i, n = key.decode().split("/")
+        check_workload_id(w)
+        return (w, h, int(i), int(n)) if is_hash(h) else None
     except ValueError:
         return None
 
@@ -151,9 +179,9 @@ class KafkaChunkStore:
         # end offsets come from a consumer with no assignment: see ExecutorService._probe
         self._probe: Any = None
         self._tp: Any = None
-        #: chunk hash -> {part index: offset}, and the part count.
-        self._index: dict[str, dict[int, int]] = {}
-        self._parts: dict[str, int] = {}
+        #: (workload, chunk hash) -> {part index: offset}, and the part count.
+        self._index: dict[tuple[str, str], dict[int, int]] = {}
+        self._parts: dict[tuple[str, str], int] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -177,48 +205,53 @@ class KafkaChunkStore:
                 await c.stop()
         self._consumer = self._probe = None
 
-    async def put(self, data: bytes, *, media_type: str | None = None) -> ChunkRef:
-        """Write every part (acks=all) unless the index already has the chunk; cache locally."""
-        ref = await self.cache.put(data, media_type=media_type)
-        if ref.hash in self._parts:
+    async def put(self, data: bytes, *, workload: str,
+                  media_type: str | None = None) -> ChunkRef:
+        """Write every part (acks=all) unless the index already has ``workload``'s chunk; cache
+        locally."""
+        ref = await self.cache.put(data, workload=workload, media_type=media_type)
+        if (workload, ref.hash) in self._parts:
             return ref
         total = max(1, -(-len(data) // PART_BYTES))
         futures = []
         for i in range(total):
             part = data[i * PART_BYTES : (i + 1) * PART_BYTES]
             headers = [
+                ("fx-workload", workload.encode()),
                 ("fx-chunk", ref.hash.encode()),
                 ("fx-part", f"{i}/{total}".encode()),
                 ("fx-size", str(len(data)).encode()),
             ]
             futures.append(
                 await self.producer.send(
-                    self.topic, value=part, key=_part_key(ref.hash, i, total), headers=headers
+                    self.topic, value=part, key=_part_key(workload, ref.hash, i, total),
+                    headers=headers,
                 )
             )
         for fut in futures:
             await fut
         return ref
 
-    async def get(self, ref: ChunkRef) -> bytes:
+    async def get(self, ref: ChunkRef, *, workload: str) -> bytes:
         """From the cache, else from ``sys.chunks`` (catching the index up first)."""
-        if self.cache.has(ref.hash):
+        if self.cache.has(ref.hash, workload):
             try:
-                return await self.cache.get(ref)
+                return await self.cache.get(ref, workload=workload)
             except OutcomeError:
-                log.warning("cached chunk %s fails its hash; reading it from %s", ref.hash,
-                            self.topic)
+                log.warning("cached chunk %s of %s fails its hash; reading it from %s",
+                            ref.hash, workload, self.topic)
         if self._consumer is None:
             raise OutcomeError("input_missing", "the Kafka chunk store is not started")
         async with self._lock:
-            data = await self._read(ref.hash)
+            data = await self._read((workload, ref.hash))
         if data is None:
-            raise OutcomeError("input_missing", f"no chunk {ref.hash} on {self.topic}")
+            raise OutcomeError("input_missing",
+                               f"no chunk {ref.hash} of workload {workload} on {self.topic}")
         check_chunk(ref, data)
-        await self.cache.put(data, media_type=ref.media_type)
+        await self.cache.put(data, workload=workload, media_type=ref.media_type)
         return data
 
-    async def _catch_up(self, wanted: str) -> dict[int, bytes]:
+    async def _catch_up(self, wanted: tuple[str, str]) -> dict[int, bytes]:
         """Read to the end offset, indexing every part; return the parts of ``wanted`` seen."""
         got: dict[int, bytes] = {}
         end = (await self._probe.end_offsets([self._tp]))[self._tp]
@@ -228,23 +261,23 @@ class KafkaChunkStore:
                 parsed = _parse_key(msg.key)
                 if parsed is None:
                     continue
-                h, i, n = parsed
-                self._index.setdefault(h, {})[i] = msg.offset
-                self._parts[h] = n
-                if h == wanted:
+                w, h, i, n = parsed
+                self._index.setdefault((w, h), {})[i] = msg.offset
+                self._parts[(w, h)] = n
+                if (w, h) == wanted:
                     got[i] = msg.value
         return got
 
-    async def _read(self, chunk_hash: str) -> bytes | None:
-        parts = await self._catch_up(chunk_hash)
-        total = self._parts.get(chunk_hash)
+    async def _read(self, key: tuple[str, str]) -> bytes | None:
+        parts = await self._catch_up(key)
+        total = self._parts.get(key)
         if total is None:
             return None
         missing = [i for i in range(total) if i not in parts]
         if missing:
             resume = await self._consumer.position(self._tp)
             for i in missing:
-                offset = self._index.get(chunk_hash, {}).get(i)
+                offset = self._index.get(key, {}).get(i)
                 if offset is None:
                     return None
                 self._consumer.seek(self._tp, offset)
@@ -255,4 +288,3 @@ class KafkaChunkStore:
                 parts[i] = msgs[0].value
             self._consumer.seek(self._tp, resume)
         return b"".join(parts[i] for i in range(total))
-

@@ -1,6 +1,6 @@
-"""``fx executor run`` and ``fx models import|list|verify`` (plus the integer engine's commands
-when :mod:`executor.integer.cli` is there: ``fx models import-int``, ``fx eval fidelity``,
-``fx verify``)."""
+"""``fx executor run``, ``fx models import|list|verify``, ``fx chunk put|get``, ``fx ledger``
+(plus the integer engine's commands when :mod:`executor.integer.cli` is there:
+``fx models import-int``, ``fx eval fidelity``, ``fx verify``)."""
 
 from __future__ import annotations
 
@@ -158,8 +158,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     store_args(ver)
     ver.set_defaults(func=_verify)
 
+    from executor.chunk_cli import add_chunk
     from executor.ledger_cli import add_ledger
 
+    add_chunk(subparsers)
     add_ledger(subparsers)
 
     try:

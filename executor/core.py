@@ -15,8 +15,9 @@ The rules, in the order they are checked for an effect request on ``wl.<id>.out`
 4. ``kind_unbound``: the latest spec does not list the effect kind;
 5. ``model_unbound``: the request's model hash is not among ``spec.models_at(input_offset)``;
 6. ``input_forbidden``: its input is a stream reference to a topic other than the workload's own
-   ``wl.<id>.in`` and the spec's ``input_topics`` (see :func:`input_problem`): refused before
-   anything of that topic is asked of the broker;
+   ``wl.<id>.in`` and the spec's ``input_topics``, or a chunk of another workload than its own
+   and the spec's ``chunks_from`` (see :func:`input_problem`): refused before anything of that
+   topic or chunk is asked of the broker or the chunk store;
 7. ``deadline_passed``: ``now_ms > append_ms + deadline_ms`` (append time of the request on
    ``.out``: per-workload topics use LogAppendTime);
 8. ``model_unknown`` / ``model_hash_mismatch``: the model store's answer for the hash;
@@ -36,6 +37,7 @@ from broker_schema import topics
 from broker_schema.records import (
     AcceptedRecord,
     Body,
+    ChunkRef,
     ClaimRecord,
     EffectRequest,
     ErrorCode,
@@ -57,6 +59,8 @@ __all__ = [
     "OffsetTracker",
     "Refuse",
     "WorkloadView",
+    "chunk_owner",
+    "chunk_problem",
     "decide",
     "error_response",
     "input_problem",
@@ -318,9 +322,10 @@ def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None
     service has checked is the workload of the ``.out`` topic it was read from):
 
     - an inline body, or no input: always;
-    - a chunk reference: always. Chunks are content-addressed and shared: naming a chunk's sha256
-      is having been given it (it cannot be derived without the bytes), and a chunk yields
-      nothing beyond the bytes that hash to the name;
+    - a chunk reference: a chunk of its own workload, or of a workload the spec lists in
+      ``chunks_from`` (see :func:`chunk_problem`). Chunks are stored per workload, so this
+      decides where the store is looked in: a chunk stored for another workload is never read
+      for this one, even when its hash is known;
     - a stream reference: only the workload's own ``wl.<id>.in``, or a topic the spec lists in
       ``input_topics`` (workload topics only; the spec's validation refuses ``sys.*``). Nothing
       else: ``sys.facts``, ``sys.chunks``, another workload's topics, the workload's own ``.out``,
@@ -330,6 +335,9 @@ def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None
     topic is asked of the broker, so a forbidden or malformed name never reaches it.
     """
     body = request.input
+    if isinstance(body, ChunkRef):
+        return chunk_problem(body, reader=request.header.workload_id, spec=spec,
+                             context=request.header.workload_id)
     if not isinstance(body, StreamRef):
         return None
     own = topics.inputs(request.header.workload_id)
@@ -339,6 +347,32 @@ def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None
         return None
     return (f"a request of workload {request.header.workload_id} may read {own} and the topics "
             f"its spec grants (input_topics), and {_what(body.topic)}")
+
+
+def chunk_owner(ref: ChunkRef, context: str) -> str:
+    """The workload a chunk reference names a chunk of: ``ref.workload``, else ``context`` (the
+    workload the reference was read in: the request's, or that of the stream record's topic)."""
+    return ref.workload if ref.workload is not None else context
+
+
+def chunk_problem(ref: ChunkRef, *, reader: str, spec: SpecRecord | None,
+                  context: str) -> str | None:
+    """Why a request of workload ``reader`` may not read the chunk ``ref`` (the
+    ``input_forbidden`` message), or None.
+
+    ``context`` is the workload the reference was found in: ``reader`` for the request's own
+    input, the workload of the topic for a reference inside a stream record (a record the
+    request may read, :func:`input_problem`; its chunks come with it). The chunk's owner
+    (:func:`chunk_owner`) must be ``reader``, ``context``, or a workload ``reader``'s spec lists
+    in ``chunks_from``. Pure: no I/O."""
+    owner = chunk_owner(ref, context)
+    if owner in (reader, context):
+        return None
+    if spec is not None and owner in spec.chunks_from:
+        return None
+    return (f"a request of workload {reader} may read its own chunks and those of the workloads "
+            f"its spec grants (chunks_from), and chunk {ref.hash} is named as one of workload "
+            f"{owner}")
 
 
 def ok_response(

@@ -97,6 +97,8 @@ from executor.core import (
     ModelStatus,
     OffsetTracker,
     Refuse,
+    chunk_owner,
+    chunk_problem,
     decide,
     error_response,
     ok_response,
@@ -908,15 +910,16 @@ class ExecutorService:
         it. It gives up when the request's executor lease lapses (the holder has written
         ``unknown`` by then, and an answer would only be passed over)."""
         body = j.job.request.input
+        reader = j.job.request.header.workload_id
         try:
             if body is None or isinstance(body, InlineBody):
-                j.data = await self._resolve(body)
+                j.data = await self._resolve(body, reader=reader)
             else:
-                spec = self.state.workload(j.job.request.header.workload_id).spec
+                spec = self.state.workload(reader).spec
                 lease_ms = spec.executor_lease_ms if spec is not None else 30_000
                 give_up_at = j.read_mono + lease_ms / 1000
                 async with self._fetch_slots:
-                    j.data = await self._resolve(body, give_up_at=give_up_at)
+                    j.data = await self._resolve(body, reader=reader, give_up_at=give_up_at)
         except OutcomeError as exc:
             await self._accepted_written(j)  # the error answer follows its accepted on .resp
             self._answer_job(j, self.state.refusal_executor, None, exc)
@@ -929,25 +932,35 @@ class ExecutorService:
         self._fetches.add(task)
         task.add_done_callback(self._fetches.discard)
 
-    async def _resolve(self, body: Body | None, *, depth: int = 0,
+    async def _resolve(self, body: Body | None, *, reader: str,
                        give_up_at: float | None = None) -> bytes:
-        """The input's bytes; a reference that cannot be read is ``input_missing`` (an I/O or
-        broker error here is that request's outcome, never the worker's, and the service's, end)."""
+        """The input's bytes for a request of workload ``reader``; a reference that cannot be
+        read is ``input_missing`` (an I/O or broker error here is that request's outcome, never
+        the worker's, and the service's, end)."""
         try:
-            return await self._resolve_body(body, depth=depth, give_up_at=give_up_at)
+            return await self._resolve_body(body, reader=reader, context=reader, depth=0,
+                                            give_up_at=give_up_at)
         except (OSError, KafkaError) as exc:
             raise OutcomeError(
                 "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _resolve_body(self, body: Body | None, *, depth: int,
+    async def _resolve_body(self, body: Body | None, *, reader: str, context: str, depth: int,
                             give_up_at: float | None = None) -> bytes:
+        """``context``: the workload ``body`` was found in (``reader``, or the workload of the
+        topic of the stream record that holds it), which a chunk reference is relative to."""
         if body is None:
             return b""
         if isinstance(body, InlineBody):
             return body.raw()
         if isinstance(body, ChunkRef):
-            return await self.chunks.get(body)
+            # the request's own chunk reference was allowed by decide(); one inside a stream
+            # record is asked here, by the same rule, before the store is
+            problem = chunk_problem(body, reader=reader, context=context,
+                                    spec=self.state.workload(reader).spec)
+            if problem is not None:
+                raise OutcomeError("input_forbidden", problem)
+            return await self.chunks.get(body, workload=chunk_owner(body, context))
         if isinstance(body, StreamRef):
             if depth > 0:
                 raise OutcomeError("input_invalid", "a stream reference may not name another")
@@ -962,7 +975,9 @@ class ExecutorService:
             except DecodeError:
                 return value
             if isinstance(record, InputRecord):
-                return await self._resolve_body(record.body, depth=depth + 1)
+                return await self._resolve_body(record.body, reader=reader,
+                                                context=topics.parse(body.topic)[0],
+                                                depth=depth + 1)
             return value
         raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
 
@@ -1097,7 +1112,8 @@ class ExecutorService:
         value: bytes = msgs[0].value or b""
         return value
 
-    async def _output_body(self, result: EngineResult) -> Body:
+    async def _output_body(self, result: EngineResult, workload: str) -> Body:
+        """The response body: inline, else a chunk stored for ``workload`` (the request's)."""
         try:
             if isinstance(result.output, bytes):
                 return InlineBody.of_bytes(result.output, media_type=result.media_type)
@@ -1105,7 +1121,8 @@ class ExecutorService:
         except ValidationError:
             pass
         data = result.output if isinstance(result.output, bytes) else canonical_json(result.output)
-        return await self.chunks.put(data, media_type=result.media_type or "application/json")
+        return await self.chunks.put(data, workload=workload,
+                                     media_type=result.media_type or "application/json")
 
     # ------------------------------------------------------------------------------ workers
     def _batch_limit(self, model_hash: str) -> int:
@@ -1225,7 +1242,7 @@ class ExecutorService:
             )
         else:
             try:
-                body = await self._output_body(result)
+                body = await self._output_body(result, job.request.header.workload_id)
                 receipt = {**(receipt_base or {}), **(result.receipt or {})}
                 response = ok_response(
                     self.state, job, output=body, model_hash=model_hash, executor=info,

@@ -40,7 +40,8 @@ inline_bodies = st.one_of(
     st.binary(max_size=80).map(bs.InlineBody.of_bytes),
 )
 chunk_refs = st.builds(bs.ChunkRef, hash=hashes, size=offsets,
-                       media_type=st.none() | st.just("audio/wav"))
+                       media_type=st.none() | st.just("audio/wav"),
+                       workload=st.none() | workload_ids)
 stream_refs = st.builds(bs.StreamRef, topic=st.just("wl.cam-1.in"), partition=st.just(0),
                         offset=offsets, hash=st.none() | hashes)
 bodies = st.one_of(inline_bodies, chunk_refs, stream_refs)
@@ -98,7 +99,8 @@ records: st.SearchStrategy[Any] = st.one_of(
               binding_switches=st.lists(small, max_size=3, unique=True).map(
                   lambda offs: tuple(bs.BindingSwitch(at_input_offset=o, models={})
                                      for o in sorted(offs))),
-              outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets),
+              outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets,
+              chunks_from=st.lists(workload_ids, max_size=2).map(tuple)),
     st.builds(bs.ClaimRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids,
               spec_hash=hashes, spec_offset=offsets),
     st.builds(bs.OutputRecord, header=headers, body=bodies),

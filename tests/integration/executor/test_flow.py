@@ -41,7 +41,8 @@ async def test_magika_and_silero_answer_signed(
         async with running(cfg) as svc:
             speech = speech_wav()
             # over the inline limit: by chunk reference, through the executor's chunk store
-            speech_ref = await FsChunkStore(cfg.chunk_dir).put(speech, media_type="audio/wav")
+            speech_ref = await FsChunkStore(cfg.chunk_dir).put(speech, workload=wl.workload_id,
+                                                               media_type="audio/wav")
             reqs = [
                 request(wl.workload_id, magika_hash, (REPO / "executor" / "core.py").read_bytes(),
                         index=0),

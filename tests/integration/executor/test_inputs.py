@@ -35,7 +35,7 @@ async def test_kafka_chunks_and_stream_refs(
         await producer.start()
         try:
             writer = KafkaChunkStore(kafka_bootstrap, producer, FsChunkStore(tmp_path / "w"))
-            audio_ref = await writer.put(audio, media_type="audio/wav")
+            audio_ref = await writer.put(audio, workload=wid, media_type="audio/wav")
             text = b"#!/usr/bin/env python3\nimport sys\nprint(sys.argv)\n" * 3
             in_offset = await wl.write(
                 topics.inputs(wid), encode(InputRecord(workload_id=wid,
@@ -68,7 +68,7 @@ async def test_kafka_chunks_and_stream_refs(
                 out = answers[reqs["chunk"].effect_id][0]
                 assert out.outcome == "ok", out.error
                 assert isinstance(out.output, ChunkRef)
-                result = json.loads(await reader.get(out.output))
+                result = json.loads(await reader.get(out.output, workload=wid))
             finally:
                 await reader.stop()
         finally:
@@ -95,9 +95,9 @@ async def test_fs_chunk_hash_mismatch(
         cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root)
         chunks = FsChunkStore(cfg.chunk_dir)
         data = os.urandom(100_000)
-        ref = await chunks.put(data)
+        ref = await chunks.put(data, workload=wl.workload_id)
         # flip a bit (a constant byte would equal the original 1 time in 256)
-        chunks.path(ref.hash).write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]))
+        chunks.path(ref.hash, wl.workload_id).write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]))
         req = request(wl.workload_id, magika_hash, ref)
         await wl.send(req)
         async with running(cfg):

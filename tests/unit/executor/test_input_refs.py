@@ -1,5 +1,6 @@
 """What an input reference may name: the pure decision (:func:`executor.core.input_problem`), its
-place among the refusals of :func:`executor.core.decide`, and the spec's ``input_topics`` grant."""
+place among the refusals of :func:`executor.core.decide`, the spec's ``input_topics`` grant, and
+whose chunks a request may name (:func:`executor.core.chunk_problem`, ``chunks_from``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from broker_schema.records import (
     SpecRecord,
     StreamRef,
 )
-from executor.core import Admit, ExecutorState, Refuse, decide, input_problem
+from executor.core import (
+    Admit,
+    ExecutorState,
+    Refuse,
+    chunk_owner,
+    chunk_problem,
+    decide,
+    input_problem,
+)
 from executor.errors import OutcomeError
 from tests.unit.executor.helpers import MODULE_HASH, claim, request, spec
 
@@ -31,9 +40,9 @@ def _req(topic: str, **kw: object) -> object:
     return request(WL, M1, StreamRef(topic=topic, offset=3), **kw)  # type: ignore[arg-type]
 
 
-def _spec(grants: tuple[str, ...] = ()) -> SpecRecord:
+def _spec(grants: tuple[str, ...] = (), chunks_from: tuple[str, ...] = ()) -> SpecRecord:
     return SpecRecord(workload_id=WL, module_hash=MODULE_HASH, effect_kinds=(INFERENCE_KIND,),
-                      models={"m": M1}, input_topics=grants)
+                      models={"m": M1}, input_topics=grants, chunks_from=chunks_from)
 
 
 def test_own_inputs_inline_chunks_and_no_input_are_allowed() -> None:
@@ -138,3 +147,50 @@ def test_the_code_is_in_the_closed_set_and_not_retriable() -> None:
     assert ERROR_RETRIABLE["input_forbidden"] is False
     assert ErrorInfo(code="input_forbidden").retriable is False
     assert OutcomeError("input_forbidden", "x").code == "input_forbidden"
+
+
+def test_a_chunk_reference_names_a_chunk_of_its_own_workload_unless_granted() -> None:
+    own = ChunkRef(hash=M1, size=3)
+    named_own = ChunkRef(hash=M1, size=3, workload=WL)
+    other = ChunkRef(hash=M1, size=3, workload="cam-2")
+    assert chunk_owner(own, WL) == WL and chunk_owner(other, WL) == "cam-2"
+    assert input_problem(request(WL, M1, own), _spec()) is None
+    assert input_problem(request(WL, M1, named_own), _spec()) is None
+    problem = input_problem(request(WL, M1, other), _spec())
+    assert problem is not None and "cam-2" in problem and "chunks_from" in problem
+    assert input_problem(request(WL, M1, other), None) is not None
+    assert input_problem(request(WL, M1, other), _spec(chunks_from=("cam-2",))) is None
+    assert input_problem(request(WL, M1, ChunkRef(hash=M1, size=3, workload="cam-3")),
+                         _spec(chunks_from=("cam-2",))) is not None
+
+
+def test_a_chunk_inside_a_granted_stream_record_is_that_workloads() -> None:
+    # a record of wl.cam-2.in (granted by input_topics) carries cam-2's chunks with it; a chunk it
+    # names as a third workload's needs that workload granted to the reader
+    sp = _spec(("wl.cam-2.in",))
+    assert chunk_problem(ChunkRef(hash=M1, size=1), reader=WL, spec=sp, context="cam-2") is None
+    third = ChunkRef(hash=M1, size=1, workload="cam-3")
+    assert chunk_problem(third, reader=WL, spec=sp, context="cam-2") is not None
+    assert chunk_problem(third, reader=WL, spec=_spec(chunks_from=("cam-3",)),
+                         context="cam-2") is None
+
+
+def test_decide_refuses_another_workloads_chunk_before_accept() -> None:
+    st = _state(_spec())
+    d = _decide(st, request(WL, M1, ChunkRef(hash=M1, size=3, workload="cam-2"), epoch=2))
+    assert isinstance(d, Refuse) and d.response.error is not None
+    assert d.response.error.code == "input_forbidden" and not st.in_flight
+    assert isinstance(_decide(st, request(WL, M1, ChunkRef(hash=M1, size=3), epoch=2)), Admit)
+
+
+def test_chunk_fields_left_out_when_unused_keep_the_old_bytes() -> None:
+    ref = ChunkRef(hash=M1, size=3)
+    assert b'"workload":' not in encode(request(WL, M1, ref))
+    assert b"chunks_from" not in encode(spec(WL, {"m": M1}))
+    granting = _spec(chunks_from=("cam-2",))
+    assert b'"chunks_from":["cam-2"]' in encode(granting)
+    assert decode(encode(granting), strict=True) == granting
+    with pytest.raises(ValidationError):
+        _spec(chunks_from=("../x",))
+    with pytest.raises(ValidationError):
+        ChunkRef(hash=M1, size=3, workload="wl.x")

@@ -203,10 +203,10 @@ async def test_unreadable_chunk_is_input_missing_not_a_worker_crash(tmp_path: Pa
 
     svc, _ = await _service(tmp_path)
     ref = ChunkRef(hash=sha256_hex(b"x" * 10), size=10)
-    path = svc.chunks.path(ref.hash)  # type: ignore[attr-defined]
+    path = svc.chunks.path(ref.hash, WL)  # type: ignore[attr-defined]
     path.mkdir(parents=True)  # reading it raises IsADirectoryError, an OSError
     with pytest.raises(OutcomeError) as exc:
-        await svc._resolve(ref)
+        await svc._resolve(ref, reader=WL)
     assert exc.value.code == "input_missing"
 
 
