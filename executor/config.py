@@ -67,8 +67,12 @@ class ExecutorConfig(BaseModel):
     group_prefix: str = "fx-executor"
     #: Model store directory (see :mod:`executor.models`).
     model_dir: Path = Field(default_factory=lambda: default_data_dir() / "models")
-    #: Ed25519 node key (created on first start, mode 0600).
+    #: The node key (created on first start, mode 0600; an existing file is used whatever its
+    #: type).
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "node.key")
+    #: The type of a key created at ``key_file``: ``ed25519`` or ``secp256k1`` (ECDSA, for
+    #: notarising receipts on chains that use that curve). docs/security.md, "Node keys".
+    key_type: Literal["ed25519", "secp256k1"] = "ed25519"
     #: Chunk store: ``fs`` (a directory, one machine) or ``kafka`` (compacted ``sys.chunks``,
     #: across machines, with ``chunk_dir`` as its local cache).
     chunk_backend: Literal["fs", "kafka"] = "fs"

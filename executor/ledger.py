@@ -78,7 +78,7 @@ class LedgerWriter:
 
     def checkpoint_note(self, tree: L.MerkleTree) -> str:
         body = L.checkpoint_body(self.origin, len(tree), tree.root())
-        return L.sign_note(body, self.origin, self.identity.private_key.sign, self._raw_key)
+        return L.sign_note(body, self.origin, self.identity.signing_key.sign, self._raw_key)
 
     async def append(self, receipt: Mapping[str, Any], produce: Produce) -> int:
         """Log ``receipt`` and a checkpoint of the tree with it; returns its leaf index."""

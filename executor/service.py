@@ -216,7 +216,8 @@ class ExecutorService:
         engines: dict[str, Engine] | None = None,
     ) -> None:
         self.config = config
-        self.identity = identity or NodeIdentity.load_or_create(config.key_file)
+        self.identity = identity or NodeIdentity.load_or_create(config.key_file,
+                                                                config.key_type)
         self.store = ModelStore(config.model_dir)
         self.metrics = ExecutorMetrics()
         self._engine_targets = {**BUILTIN_ENGINES, **config.engines}

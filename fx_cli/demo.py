@@ -262,13 +262,10 @@ async def the_integer_engine(bootstrap: str, work: Path) -> bool:
             ok &= isinstance(a.get("answer"), str)
     # the key is pinned out of band, as an operator who runs the node would: read from the
     # node's own key file, never from sys.facts (which anyone who can write it decides)
-    from cryptography.hazmat.primitives import serialization
-
     from executor.identity import NodeIdentity
 
     node = NodeIdentity.load_or_create(work / "int-executor.key")
-    key_hex = node.public_key.public_bytes(serialization.Encoding.Raw,
-                                           serialization.PublicFormat.Raw).hex()
+    key_hex = node.public_key.hex()
     _say("   fx verify --workload --trusted-key <the node's key, from its key file>: "
          "re-execute every receipt on the CPU oracle")
     ver = _fx("verify", "--workload", wid, "--bootstrap", bootstrap, "--store", str(store),

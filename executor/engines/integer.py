@@ -18,10 +18,10 @@ manifest's (``max_tokens`` 64, ``temperature`` 0 = greedy, ``seed`` 0, ``top_k``
      "prompt_token_count": N}
 
 and the response's ``receipt.integer`` is the engine's receipt, signed with the executor node's
-own Ed25519 key and chained per node (``seq``, ``prev_receipt_hash``). The chain head is kept in
-``EngineOptions.receipt_chain_file`` (beside the node key) and advanced on disk, under an
-exclusive file lock, before a receipt leaves the engine: a restarted node continues its chain, and
-two processes sharing one key file still produce one chain, never a fork.
+own key (Ed25519 or secp256k1) and chained per node (``seq``, ``prev_receipt_hash``). The chain
+head is kept in ``EngineOptions.receipt_chain_file`` (beside the node key) and advanced on disk,
+under an exclusive file lock, before a receipt leaves the engine: a restarted node continues its
+chain, and two processes sharing one key file still produce one chain, never a fork.
 
 Errors: invalid parameters (or a non-UTF-8 input used as the prompt) are ``params_invalid`` /
 ``input_invalid`` for that request only; a fixed-point bound violation or any other failure while
@@ -41,10 +41,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import JsonValue
 
 from broker_schema.canonical import hash_from_hex, hex_of_hash
+from broker_schema.signatures import SigningKey
 from executor.engines import EngineOptions, EngineResult
 from executor.errors import EngineError
 from executor.integer import engine as int_engine
@@ -119,7 +119,7 @@ class PersistentReceiptSigner(ReceiptSigner):
     receipt is returned. A head written for another key is not continued: a new key starts a new
     chain at ``seq`` 0 (logged)."""
 
-    def __init__(self, key: Ed25519PrivateKey, *, node_id: str, path: Path) -> None:
+    def __init__(self, key: SigningKey, *, node_id: str, path: Path) -> None:
         super().__init__(key, node_id=node_id)
         self.path = path
         self._lock = threading.Lock()
@@ -277,8 +277,8 @@ class IntegerEngineAdapter:
         if opts.receipt_chain_file is None:
             log.warning("integer engine without a receipt_chain_file: the receipt chain starts "
                         "again at seq 0 on every start")
-            return ReceiptSigner(opts.identity.private_key, node_id=opts.node_id)
-        return PersistentReceiptSigner(opts.identity.private_key, node_id=opts.node_id,
+            return ReceiptSigner(opts.identity.signing_key, node_id=opts.node_id)
+        return PersistentReceiptSigner(opts.identity.signing_key, node_id=opts.node_id,
                                        path=opts.receipt_chain_file)
 
     # -- models ----------------------------------------------------------------------------------

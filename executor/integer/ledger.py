@@ -1,7 +1,7 @@
 """A node's receipt ledger: an RFC 9162 Merkle tree with C2SP signed-note checkpoints.
 
 Pure and service-free (stdlib only; signatures are checked through
-:func:`broker_schema.signatures.verify_ed25519`, imported on first use), so a verifier can use it
+:func:`broker_schema.signatures.verify`, imported on first use), so a verifier can use it
 without the executor.
 
 Merkle tree (RFC 9162 §2.1): ``leaf_hash(d) = SHA-256(0x00 || d)``, ``node_hash(l, r) =
@@ -20,10 +20,15 @@ Checkpoint (c2sp.org/tlog-checkpoint), the body of a signed note::
 
 The origin is ``ninelives-fx/ledger/<node id>``. Signed note (c2sp.org/signed-note): the body,
 an empty line, then one line per signature ``"\\u2014 " + key name + " " + base64(key hash ||
-signature)``, where the key name is the origin, the Ed25519 signature covers the body (with its
-final newline), and key hash = the first 4 bytes of ``SHA-256(key name || 0x0A || 0x01 || raw
-32-byte public key)``. :func:`verifier_key` gives the note ecosystem's ``<name>+<hex key
-hash>+<base64(0x01 || key)>`` form.
+signature)``, where the key name is the origin, the signature covers the body (with its final
+newline), and key hash = the first 4 bytes of ``SHA-256(key name || 0x0A || type || raw public
+key)``. The type byte is signed-note's ``0x01`` for an Ed25519 key (32 bytes); a secp256k1 key
+(33-byte compressed point, ECDSA-SHA256 ``r || s`` low-s signatures, 64 bytes) uses ``0xff``,
+the byte the signed-note spec leaves for algorithms it does not assign. :func:`verifier_key`
+gives the note ecosystem's ``<name>+<hex key hash>+<base64(type || key)>`` form.
+
+A node whose key was rotated has checkpoints signed by each of its keys in turn: :func:`audit`
+and :func:`open_checkpoint` take every key the verifier trusts for the node.
 
 Ledger stream records (``sys.ledger.<node>``, one partition, key = node id), JSON objects::
 
@@ -79,6 +84,8 @@ FORMAT: Final = "fx-ledger/1"
 HASH_SIZE: Final = 32
 EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
 _ED25519: Final = b"\x01"
+#: signed-note's type byte for algorithms it does not assign; here: secp256k1 ECDSA-SHA256
+_OTHER: Final = b"\xff"
 _SIG_PREFIX: Final = "\u2014 "
 #: at most this many signature lines are read from a note (the signed-note spec's bound)
 _MAX_SIGNATURES: Final = 100
@@ -350,36 +357,48 @@ def parse_checkpoint(body: str) -> Checkpoint:
     return Checkpoint(lines[0], int(size_text), root_hash, tuple(lines[3:]))
 
 
+def _type_byte(public_key: bytes) -> bytes:
+    return _ED25519 if len(public_key) == 32 else _OTHER
+
+
 def key_hash(name: str, public_key: bytes) -> bytes:
-    """The signed-note key hash of an Ed25519 key: SHA-256(name || 0x0A || 0x01 || key)[:4]."""
-    return hashlib.sha256(name.encode("utf-8") + b"\n" + _ED25519 + public_key).digest()[:4]
+    """The signed-note key hash: SHA-256(name || 0x0A || type || key)[:4], type 0x01 for an
+    Ed25519 key, 0xff for a secp256k1 one."""
+    return hashlib.sha256(name.encode("utf-8") + b"\n" + _type_byte(public_key)
+                          + public_key).digest()[:4]
 
 
 def verifier_key(name: str, public_key: bytes) -> str:
-    """``<name>+<hex key hash>+<base64(0x01 || key)>``."""
+    """``<name>+<hex key hash>+<base64(type || key)>``."""
     _check_name(name)
     return (f"{name}+{key_hash(name, public_key).hex()}+"
-            f"{base64.b64encode(_ED25519 + public_key).decode('ascii')}")
+            f"{base64.b64encode(_type_byte(public_key) + public_key).decode('ascii')}")
 
 
 def sign_note(body: str, name: str, sign: Callable[[bytes], bytes], public_key: bytes) -> str:
-    """The signed note of ``body`` by ``sign`` (an Ed25519 signing function, such as a
-    ``cryptography`` private key's ``sign``) under key ``name``."""
+    """The signed note of ``body`` by ``sign`` (a signing function giving 64-byte signatures by
+    ``public_key``, such as :meth:`broker_schema.signatures.SigningKey.sign`) under key
+    ``name``."""
     _check_name(name)
     if not body.endswith("\n") or "\n\n" in body:
         raise LedgerError("a note body ends with one newline and has no empty line")
     sig = sign(body.encode("utf-8"))
     if len(sig) != 64:
-        raise LedgerError("an Ed25519 signature is 64 bytes")
+        raise LedgerError("a note signature is 64 bytes")
     value = base64.b64encode(key_hash(name, public_key) + sig).decode("ascii")
     return f"{body}\n{_SIG_PREFIX}{name} {value}\n"
 
 
-def open_note(note: str, name: str, public_key: bytes) -> str:
-    """The body of ``note`` when it carries a valid signature by ``public_key`` under ``name``;
-    :class:`LedgerError` otherwise (as the spec says, a failing signature by the known key
-    rejects the note, whatever other lines say)."""
-    from broker_schema.signatures import verify_ed25519
+def _keys(public_keys: bytes | Iterable[bytes]) -> list[bytes]:
+    return [public_keys] if isinstance(public_keys, bytes) else list(public_keys)
+
+
+def open_note(note: str, name: str, public_keys: bytes | Iterable[bytes]) -> str:
+    """The body of ``note`` when it carries a valid signature under ``name`` by ``public_keys``
+    (one raw key, or every key trusted for the signer); :class:`LedgerError` otherwise (as the
+    spec says, a failing signature by a known key rejects the note, whatever other lines
+    say)."""
+    from broker_schema.signatures import verify
 
     cut = note.rfind("\n\n")
     if cut < 0 or not note.endswith("\n"):
@@ -387,7 +406,7 @@ def open_note(note: str, name: str, public_key: bytes) -> str:
     body, sig_lines = note[:cut + 1], note[cut + 2:-1].split("\n")
     if len(sig_lines) > _MAX_SIGNATURES:
         raise LedgerError("too many signature lines")
-    want = key_hash(name, public_key)
+    known = {key_hash(name, k): k for k in _keys(public_keys)}
     for line in sig_lines:
         if not line.startswith(_SIG_PREFIX):
             raise LedgerError(f"a malformed signature line {line!r}")
@@ -400,18 +419,22 @@ def open_note(note: str, name: str, public_key: bytes) -> str:
             raise LedgerError("a signature line is not base64") from None
         if len(raw) < 5:
             raise LedgerError("a signature line is too short")
-        if parts[0] != name or raw[:4] != want:
+        key = known.get(raw[:4])
+        if parts[0] != name or key is None:
             continue  # another signer (a witness): not ours to check
-        if not verify_ed25519(public_key, raw[4:], body.encode("utf-8")):
+        if not verify(key, raw[4:], body.encode("utf-8")):
             raise LedgerError(f"the signature by {name} does not verify")
         return body
-    raise LedgerError(f"the note carries no signature by {name} with this key")
+    raise LedgerError(f"the note carries no signature by {name} with "
+                      f"{'this key' if len(known) == 1 else 'any of its keys'}")
 
 
-def open_checkpoint(note: str, node_id: str, public_key: bytes) -> Checkpoint:
-    """The checkpoint in ``note``, signed by ``public_key`` and naming ``node_id``'s origin."""
+def open_checkpoint(note: str, node_id: str,
+                    public_keys: bytes | Iterable[bytes]) -> Checkpoint:
+    """The checkpoint in ``note``, signed by one of ``public_keys`` and naming ``node_id``'s
+    origin."""
     name = origin(node_id)
-    cp = parse_checkpoint(open_note(note, name, public_key))
+    cp = parse_checkpoint(open_note(note, name, public_keys))
     if cp.origin != name:
         raise LedgerError(f"the checkpoint's origin is {cp.origin!r}, not {name!r}")
     return cp
@@ -493,7 +516,8 @@ class Audit:
         return None
 
 
-def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) -> Audit:
+def audit(values: Iterable[tuple[int, bytes]], node_id: str,
+          public_keys: bytes | Iterable[bytes]) -> Audit:
     """Walk a ledger stream (``(offset, value)`` in order): rebuild the tree from its leaves and
     check every checkpoint against the leaves before it.
 
@@ -502,8 +526,12 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) 
     - fork: a checkpoint whose root is not the head of the leaves before it, or a second,
       different leaf at an index (the same leaf twice is a retried send, and harmless);
     - truncation: a checkpoint smaller than an earlier one;
-    - signature: a checkpoint not signed by the node's key for its origin.
+    - signature: a checkpoint not signed by one of the node's keys for its origin.
+
+    Receipt chains are per key (a rotated key starts a new chain at seq 0), so the seq checks
+    run per ``public_key`` of the receipts.
     """
+    keys = _keys(public_keys)
     out = Audit()
     for offset, value in values:
         try:
@@ -524,7 +552,7 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) 
             out.receipts.append(rec["receipt"])
             continue
         try:
-            cp = open_checkpoint(rec["note"], node_id, public_key)
+            cp = open_checkpoint(rec["note"], node_id, keys)
         except LedgerError as exc:
             out.problems.append(("signature", f"offset {offset}: {exc}"))
             continue
@@ -539,12 +567,18 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str, public_key: bytes) 
             out.problems.append(("fork", f"offset {offset}: checkpoint root of {cp.size} is "
                                          "not the head of the leaves logged"))
         out.checkpoints.append(cp)
-    seqs: list[int] = sorted(r["seq"] for r in out.receipts if isinstance(r.get("seq"), int))
-    for a, b in itertools.pairwise(seqs):
-        if b > a + 1:
-            out.problems.append(("gap", f"receipt seq {a + 1}..{b - 1} not in the ledger"))
-        elif b == a:
-            out.problems.append(("fork", f"receipt seq {a} logged twice"))
+    chains: dict[str, list[int]] = {}
+    for r in out.receipts:
+        if isinstance(r.get("seq"), int):
+            chains.setdefault(str(r.get("public_key")), []).append(r["seq"])
+    for key, seqs in chains.items():
+        whose = f" (key {key[:16]}...)" if len(chains) > 1 else ""
+        for a, b in itertools.pairwise(sorted(seqs)):
+            if b > a + 1:
+                out.problems.append(("gap", f"receipt seq {a + 1}..{b - 1} not in the "
+                                            f"ledger{whose}"))
+            elif b == a:
+                out.problems.append(("fork", f"receipt seq {a} logged twice{whose}"))
     return out
 
 

@@ -24,9 +24,11 @@ A receipt is a JSON object (integers, strings, lists, booleans, null only; no fl
     output_text_hash  sha256 of the output text's UTF-8 (hex): the decoding of output_tokens
                       without a final stop_token, the response's ``text``
     logits_digest     sha256 over every decoding step's logits row (int64 little-endian)
-    public_key        the node's Ed25519 public key, raw 32 bytes, hex
-    signature         Ed25519 over b"nlfx-receipt-v2\\0" + canonical(receipt without the
-                      signature key), the 64 signature bytes as 128 lowercase hex digits
+    public_key        the node's public key, hex: raw 32 bytes (Ed25519, 64 hex digits) or
+                      the 33-byte SEC1 compressed point (secp256k1, 66 hex digits)
+    signature         over b"nlfx-receipt-v2\\0" + canonical(receipt without the signature
+                      key): Ed25519, or ECDSA-SHA256 as r || s with low s (secp256k1); the 64
+                      signature bytes as 128 lowercase hex digits (docs/receipts.md)
 
 canonical(x) = JSON with sorted keys, no whitespace, UTF-8 (for these float-free objects this is
 RFC 8785). receipt_hash = sha256(canonical(full receipt, signature included)). Version 1 receipts
@@ -42,9 +44,6 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
-
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .artifact import canonical_json
 
@@ -94,45 +93,46 @@ def signing_bytes(receipt: dict[str, Any]) -> bytes:
 
 
 class ReceiptSigner:
-    """An Ed25519 key plus this node's chain state (``seq``, ``prev``).
+    """A node key (:class:`broker_schema.signatures.SigningKey`, Ed25519 or secp256k1; a bare
+    ``cryptography`` private key of either type is wrapped) plus this node's chain state
+    (``seq``, ``prev``).
 
     The executor owns one per node and persists ``state()`` if the chain must survive restarts.
     Not thread-safe: the caller serialises ``sign``.
     """
 
-    def __init__(self, key: Ed25519PrivateKey, *, node_id: str, seq: int = 0,
+    def __init__(self, key: Any, *, node_id: str, seq: int = 0,
                  prev: str = GENESIS) -> None:
-        self.key = key
+        from broker_schema.signatures import SigningKey
+
+        self.key: SigningKey = key if isinstance(key, SigningKey) else SigningKey(key)
         self.node_id = node_id
         self.seq = seq
         self.prev = prev
 
     @classmethod
-    def generate(cls, *, node_id: str) -> ReceiptSigner:
-        return cls(Ed25519PrivateKey.generate(), node_id=node_id)
+    def generate(cls, *, node_id: str, key_type: str = "ed25519") -> ReceiptSigner:
+        from broker_schema.signatures import SigningKey
+
+        return cls(SigningKey.generate(key_type), node_id=node_id)  # type: ignore[arg-type]
 
     @classmethod
-    def load_or_create(cls, path: str | os.PathLike[str], *, node_id: str) -> ReceiptSigner:
+    def load_or_create(cls, path: str | os.PathLike[str], *, node_id: str,
+                       key_type: str = "ed25519") -> ReceiptSigner:
         """PEM PKCS#8 private key at ``path`` (created with mode 0600 if missing)."""
+        from broker_schema.signatures import SigningKey
+
         p = Path(path)
         if p.is_file():
-            key = serialization.load_pem_private_key(p.read_bytes(), password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError(f"{p} is not an Ed25519 key")
-            return cls(key, node_id=node_id)
-        key = Ed25519PrivateKey.generate()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
+            return cls(SigningKey.from_pem(p.read_bytes()), node_id=node_id)
+        key = SigningKey.generate(key_type)  # type: ignore[arg-type]
+        if not key.write_new(p):
+            return cls.load_or_create(p, node_id=node_id, key_type=key_type)
         return cls(key, node_id=node_id)
 
     @property
     def public_key_hex(self) -> str:
-        return self.key.public_key().public_bytes(serialization.Encoding.Raw,
-                                                  serialization.PublicFormat.Raw).hex()
+        return self.key.public_key.hex()
 
     def sign(self, body: dict[str, Any]) -> dict[str, Any]:
         """Complete ``body`` with node, chain and key fields, sign it, advance the chain."""
@@ -174,10 +174,11 @@ def _malformed(receipt: dict[str, Any]) -> list[str]:
     """What is structurally wrong with a receipt that has every field (wrong JSON types, bad hex):
     such a receipt fails with a reason instead of crashing the checks that follow."""
     bad: list[str] = []
-    for f in ("model_hash", "prev_receipt_hash", "input_hash", "output_hash", "logits_digest",
-              "public_key"):
+    for f in ("model_hash", "prev_receipt_hash", "input_hash", "output_hash", "logits_digest"):
         if not _is_hex(receipt[f], 64):
             bad.append(f"{f} is not 64 lowercase hex digits")
+    if not (_is_hex(receipt["public_key"], 64) or _is_hex(receipt["public_key"], 66)):
+        bad.append("public_key is not 64 (Ed25519) or 66 (secp256k1) lowercase hex digits")
     if not _is_hex(receipt["signature"], 128):
         bad.append("signature is not 128 lowercase hex digits")
     if not _is_int(receipt["seq"]) or receipt["seq"] < 0:
@@ -262,11 +263,11 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
             else:
                 passed.append("context (effect id names its workload and epoch)")
     # the project's one signature check (imported here: the engine's modules load without it)
-    from broker_schema.signatures import verify_ed25519
+    from broker_schema.signatures import verify
 
     try:
-        good = verify_ed25519(bytes.fromhex(receipt["public_key"]),
-                              bytes.fromhex(receipt["signature"]), signing_bytes(receipt))
+        good = verify(bytes.fromhex(receipt["public_key"]),
+                      bytes.fromhex(receipt["signature"]), signing_bytes(receipt))
     except (ValueError, TypeError):
         good = False
     if good:

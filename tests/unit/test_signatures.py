@@ -21,12 +21,13 @@ def _signed(ident: NodeIdentity) -> ResponseRecord:
 
 def test_the_published_key_is_base64_of_the_raw_32_bytes() -> None:
     ident = NodeIdentity.generate()
-    raw = ident.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    raw = ident.public_key
     assert ident.public_key_b64 == signatures.public_key_text(raw)
     assert signatures.public_key_from_text(ident.public_key_b64) == raw
     assert ident.key_id == signatures.key_id(raw)
     # read only: the DER SubjectPublicKeyInfo form some recorded logs carry is the same key
-    der = ident.public_key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    der = ident.signing_key._key.public_key().public_bytes(Encoding.DER,
+                                                           PublicFormat.SubjectPublicKeyInfo)
     assert signatures.public_key_from_text(base64.b64encode(der).decode()) == raw
     for bad in ("", "not base64!", base64.b64encode(b"x" * 31).decode(),
                 base64.b64encode(b"\x31" + der[1:]).decode()):
@@ -59,3 +60,53 @@ def test_the_one_check_never_raises_and_agrees_everywhere() -> None:
     for key, value in ((raw, sig[:-1]), (raw[:-1], sig), (b"\xff" * 32, sig), (wrong, sig),
                        (raw, b"\x00" * 64)):
         assert not signatures.verify_ed25519(key, value, msg)
+
+
+# ------------------------------------------------------------------------------ secp256k1
+
+def test_secp256k1_keys_sign_and_verify_through_the_one_check(tmp_path: object) -> None:
+    key = signatures.SigningKey.generate(signatures.SECP256K1)
+    assert len(key.public_key) == 33 and key.public_key[0] in (2, 3)
+    assert signatures.key_type(key.public_key) == "secp256k1"
+    assert signatures.public_key_from_text(key.public_key_b64) == key.public_key
+    assert key.key_id == signatures.key_id(key.public_key)
+    msg = b"receipt bytes"
+    sig = key.sign(msg)
+    assert len(sig) == 64 and signatures.verify(key.public_key, sig, msg)
+    assert not signatures.verify(key.public_key, sig, msg + b"!")
+    assert not signatures.verify_ed25519(key.public_key, sig, msg)  # not an Ed25519 key
+    other = signatures.SigningKey.generate(signatures.SECP256K1)
+    assert not signatures.verify(other.public_key, sig, msg)
+    again = signatures.SigningKey.from_pem(key.pem())
+    assert again.public_key == key.public_key and signatures.verify(key.public_key,
+                                                                    again.sign(msg), msg)
+
+
+def test_secp256k1_signatures_are_low_s_and_high_s_is_refused() -> None:
+    n = signatures._SECP256K1_N
+    key = signatures.SigningKey.generate(signatures.SECP256K1)
+    for i in range(20):  # about half of raw ECDSA signatures are high-s: each is normalised
+        msg = b"m%d" % i
+        sig = key.sign(msg)
+        s = int.from_bytes(sig[32:], "big")
+        assert s <= n // 2
+        high = sig[:32] + (n - s).to_bytes(32, "big")
+        assert signatures.verify(key.public_key, sig, msg)
+        assert not signatures.verify(key.public_key, high, msg)  # one encoding per signature
+
+
+def test_secp256k1_responses_verify_and_bad_keys_never_raise() -> None:
+    ident = NodeIdentity.generate("secp256k1")
+    resp = _signed(ident)
+    assert resp.signature is not None and resp.signature.key_id == ident.key_id
+    assert verify_response(resp, ident.public_key_b64)
+    assert not verify_response(resp.model_copy(update={"request_offset": 9}),
+                               ident.public_key_b64)
+    assert not verify_response(resp, NodeIdentity.generate().public_key_b64)
+    for bad in (b"\x04" + b"\x01" * 32, b"\x02" + b"\xff" * 32, b"\x02" * 34, b""):
+        assert not signatures.verify(bad, b"\x01" * 64, b"m")
+    with pytest.raises(ValueError):
+        signatures.public_key_text(b"\x05" + b"\x00" * 32)
+    with pytest.raises(ValueError):
+        signatures.SigningKey.from_pem(
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")

@@ -133,7 +133,7 @@ async def test_ledger_holds_every_receipt(
         forked.append(L.leaf_record(i, receipt))
         body = L.checkpoint_body(L.origin(node), len(tree), tree.root())
         forked.append(L.checkpoint_record(
-            L.sign_note(body, L.origin(node), identity.private_key.sign, raw_key)))
+            L.sign_note(body, L.origin(node), identity.signing_key.sign, raw_key)))
     fork_topic = await _copy(kafka_bootstrap, forked)
     rc, seen = _watch(kafka_bootstrap, node, key_b64, state, "--topic", fork_topic)
     assert rc == 1 and any(p.startswith("fork") for p in seen["problems"]), seen

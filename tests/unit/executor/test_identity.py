@@ -7,6 +7,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from broker_schema import decode, encode
 from broker_schema.records import ExecutorInfo, InlineBody, ResponseRecord, Timing
 from executor.identity import NodeIdentity, verify_response
@@ -64,3 +66,22 @@ def test_wrong_key_or_missing_signature_fails() -> None:
     assert not verify_response(signed, other.public_key)
     assert not verify_response(response(), ident.public_key)
     assert not verify_response(signed, "not base64!")
+
+
+def test_a_secp256k1_key_file_is_created_and_kept_whatever_the_config_says(
+        tmp_path: Path) -> None:
+    path = tmp_path / "node.key"
+    first = NodeIdentity.load_or_create(path, "secp256k1")
+    assert first.key_type == "secp256k1" and len(first.public_key) == 33
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    # the file decides: a key is never replaced because the config's key_type changed
+    again = NodeIdentity.load_or_create(path, "ed25519")
+    assert again.key_type == "secp256k1" and again.key_id == first.key_id
+    assert verify_response(again.sign_response(response()), first.public_key_b64)
+
+
+def test_a_key_file_that_is_not_a_key_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "node.key"
+    path.write_bytes(b"not a key")
+    with pytest.raises(ValueError, match=r"node\.key"):
+        NodeIdentity.load_or_create(path)

@@ -279,3 +279,46 @@ def test_audit_clean_and_tampered() -> None:
     assert L.check_extends(full.latest, short.latest, []) is not None
     assert L.check_extends(short.latest, full.latest,
                            full.tree.consistency_proof(short.latest.size)) is None
+
+
+# ------------------------------------------------------------------------------ key types, rotation
+def test_secp256k1_checkpoints_use_the_0xff_type_byte() -> None:
+    from broker_schema.signatures import SECP256K1, SigningKey, verify
+
+    key = SigningKey.generate(SECP256K1)
+    name = L.origin("n1")
+    body = L.checkpoint_body(name, 8, CT_ROOTS[8])
+    note = L.sign_note(body, name, key.sign, key.public_key)
+    raw = base64.b64decode(note.split("\n\n")[1].split(" ")[2])
+    assert raw[:4] == hashlib.sha256(name.encode() + b"\n\xff" + key.public_key).digest()[:4]
+    assert len(raw) == 68 and verify(key.public_key, raw[4:], body.encode())
+    assert L.open_checkpoint(note, "n1", key.public_key).size == 8
+    assert base64.b64decode(L.verifier_key(name, key.public_key).split("+", 2)[2]) == \
+        b"\xff" + key.public_key
+    with pytest.raises(L.LedgerError):
+        L.open_checkpoint(note.replace("\n8\n", "\n9\n"), "n1", key.public_key)
+
+
+def test_a_rotated_node_audits_clean_with_all_its_keys() -> None:
+    # checkpoints by the old key, then by the new one (whose receipt chain restarts at seq 0)
+    old, old_pub = _key()
+    new = Ed25519PrivateKey.generate()
+    new_pub = new.public_key().public_bytes(serialization.Encoding.Raw,
+                                            serialization.PublicFormat.Raw)
+    tree = L.MerkleTree()
+    values: list[bytes] = []
+    for key, pub, seqs in ((old, old_pub, range(3)), (new, new_pub, range(2))):
+        for seq in seqs:
+            receipt = {"seq": seq, "node_id": "n1", "public_key": pub.hex()}
+            values.append(L.leaf_record(tree.append(L.leaf_data(receipt)), receipt))
+            body = L.checkpoint_body(L.origin("n1"), len(tree), tree.root())
+            values.append(L.checkpoint_record(L.sign_note(body, L.origin("n1"), key.sign, pub)))
+    stream = list(enumerate(values))
+    assert L.audit(stream, "n1", [old_pub, new_pub]).ok
+    # with the new key alone the old checkpoints are unsigned as far as the verifier knows
+    only_new = L.audit(stream, "n1", new_pub)
+    assert {k for k, _ in only_new.problems} == {"signature"}
+    # seq 0 twice under one key is still a fork
+    dup = {"seq": 0, "node_id": "n1", "public_key": new_pub.hex(), "x": 1}
+    forked = [*stream, (99, L.leaf_record(len(tree), dup))]
+    assert "fork" in {k for k, _ in L.audit(forked, "n1", [old_pub, new_pub]).problems}

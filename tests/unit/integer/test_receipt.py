@@ -180,3 +180,25 @@ def test_receipt_file_of_non_objects_is_a_value_error(tmp_path: Path) -> None:
         f.write_text(text)
         with pytest.raises(ValueError, match="JSON object"):
             load_receipts(f)
+
+
+def test_secp256k1_receipts_chain_and_verify(synth_path: Path) -> None:
+    signer = ReceiptSigner.generate(node_id="node-k", key_type="secp256k1")
+    eng = IntegerEngine(synth_path, signer=signer)
+    chain = [eng.run({"prompt": "the cat", "max_tokens": 3})["receipt"],
+             eng.run({"prompt_tokens": [1, 50, 60], "max_tokens": 3, "temperature": 0.7,
+                      "seed": 5})["receipt"]]
+    assert len(chain[0]["public_key"]) == 66 and chain[0]["public_key"][:2] in ("02", "03")
+    assert len(chain[0]["signature"]) == 128
+    res = verify_chain(chain, artifact_path=synth_path)
+    assert [r.ok for r in res] == [True, True], [r.reasons for r in res]
+    tampered = json.loads(json.dumps(chain[1]))
+    tampered["params"]["seed"] = 6
+    bad = verify(tampered, artifact_path=synth_path, prev=chain[0], reexecute=False)
+    assert not bad.ok and any("signature" in x for x in bad.reasons)
+    # an Ed25519 key's receipt is not a secp256k1 one's: another key, another chain
+    other = ReceiptSigner.generate(node_id="node-k").sign(
+        {k: v for k, v in chain[1].items()
+         if k not in ("signature", "node_id", "seq", "prev_receipt_hash", "public_key")})
+    broken = verify(other, artifact_path=synth_path, prev=chain[0], reexecute=False)
+    assert any("chain broken" in x for x in broken.reasons)
