@@ -289,9 +289,11 @@ class Timing(_Model):
 
 
 class Signature(_Model):
-    """An Ed25519 signature over the record's canonical bytes with ``signature`` set to null."""
+    """A signature over the record's canonical bytes with ``signature`` set to null: ``alg`` is
+    the signing key's type (:mod:`broker_schema.signatures`), ``value`` the base64 of the 64
+    signature bytes."""
 
-    alg: Literal["ed25519"] = "ed25519"
+    alg: Literal["ed25519", "secp256k1"] = "ed25519"
     key_id: Hash
     value: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
 
@@ -548,6 +550,53 @@ class FactsRecord(_Model):
     updated_us: Micros
 
 
+PublicKeyText = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
+
+
+class KeyCertRecord(_Model):
+    """A node key certified by a fleet key, on ``sys.keys`` (never compacted: the history).
+
+    The fleet key (an Ed25519 or secp256k1 key an operator holds; verifiers are given its public
+    key) signs :meth:`signing_bytes`, the canonical bytes with ``signature`` null. A node's
+    trusted keys are every certified key of it not revoked (:mod:`broker_schema.key_history`):
+    a rotated key stays trusted for what it signed, and ``sys.facts`` decides nothing."""
+
+    kind: Literal["key_cert"] = "key_cert"
+    v: Literal[1] = SCHEMA_VERSION
+    node_id: NodeId
+    #: base64 of the raw public key (:mod:`broker_schema.signatures`).
+    public_key: PublicKeyText
+    key_id: Hash
+    #: Signatures dated (``timing.finished_us``) before this are not covered (0: any).
+    not_before_us: Micros = 0
+    issued_us: Micros
+    issuer_key_id: Hash
+    signature: Signature | None = None
+
+    def signing_bytes(self) -> bytes:
+        """Canonical bytes with ``signature`` null: what the fleet key signs."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
+
+
+class KeyRevokeRecord(_Model):
+    """A node key revoked by the fleet key, on ``sys.keys``: what the key signs dated at or after
+    ``revoked_us`` is no longer trusted (0: nothing it ever signed is)."""
+
+    kind: Literal["key_revoke"] = "key_revoke"
+    v: Literal[1] = SCHEMA_VERSION
+    node_id: NodeId
+    key_id: Hash
+    revoked_us: Micros
+    reason: Annotated[str, Field(max_length=1000)] = ""
+    issued_us: Micros
+    issuer_key_id: Hash
+    signature: Signature | None = None
+
+    def signing_bytes(self) -> bytes:
+        """Canonical bytes with ``signature`` null: what the fleet key signs."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
+
+
 #: Why a record was rejected: a decode error code, or ``wrong_workload`` (a request whose header
 #: names another workload than the topic it is on).
 RejectCode = DecodeCode | Literal["wrong_workload"]
@@ -580,7 +629,9 @@ Record = Annotated[
     | SnapshotRecord
     | TickRecord
     | FactsRecord
-    | RejectedRecord,
+    | RejectedRecord
+    | KeyCertRecord
+    | KeyRevokeRecord,
     Field(discriminator="kind"),
 ]
 
@@ -597,6 +648,8 @@ RECORD_TYPES: dict[str, type[BaseModel]] = {
     "tick": TickRecord,
     "facts": FactsRecord,
     "rejected": RejectedRecord,
+    "key_cert": KeyCertRecord,
+    "key_revoke": KeyRevokeRecord,
 }
 
 #: Schema versions each kind's decoder understands.

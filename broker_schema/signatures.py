@@ -241,6 +241,8 @@ def response_signature_problem(response: ResponseRecord, public_key: bytes) -> s
         return f"unusable key: {exc}"
     if sig.key_id != expected:
         return f"the signature names key {sig.key_id}, not {expected}"
+    if sig.alg != key_type(public_key):
+        return f"the signature says {sig.alg}, the key is {key_type(public_key)}"
     try:
         value = base64.b64decode(sig.value, validate=True)
     except (binascii.Error, ValueError):

@@ -12,6 +12,8 @@ FACTS = "sys.facts"
 REJECTS = "sys.rejects"
 #: Compacted chunk store topic (content-addressed bodies over the inline limit).
 CHUNKS = "sys.chunks"
+#: Node key certificates and revocations signed by a fleet key (never compacted: the history).
+KEYS = "sys.keys"
 #: Prefix of the per-node receipt ledgers (``sys.ledger.<node id>``, never compacted).
 LEDGER_PREFIX = "sys.ledger."
 #: Characters Kafka allows in a topic name (and so in a node id that has a ledger).
@@ -118,6 +120,7 @@ STREAM_KINDS: dict[str, frozenset[str]] = {
 SYSTEM_KINDS: dict[str, frozenset[str]] = {
     FACTS: frozenset({"facts"}),
     REJECTS: frozenset({"rejected"}),
+    KEYS: frozenset({"key_cert", "key_revoke"}),
 }
 
 

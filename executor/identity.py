@@ -76,7 +76,7 @@ class NodeIdentity:
         """``response`` with its ``signature`` set."""
         value = self.sign(response.signing_bytes())
         return response.model_copy(
-            update={"signature": Signature(key_id=self.key_id, value=value)}
+            update={"signature": Signature(alg=self.key_type, key_id=self.key_id, value=value)}
         )
 
 

@@ -32,26 +32,38 @@ def _bootstrap(args: argparse.Namespace) -> str:
 def _key(text: str) -> bytes:
     try:
         raw = bytes.fromhex(text)
-    except ValueError:
-        raw = b""
-    if len(raw) == signatures.PUBLIC_KEY_BYTES:
+        signatures.key_type(raw)
         return raw
-    return signatures.public_key_from_text(text)
+    except ValueError:
+        return signatures.public_key_from_text(text)
 
 
-def _read(args: argparse.Namespace) -> tuple[L.Audit, bytes, str]:
+def _read(args: argparse.Namespace) -> tuple[L.Audit, list[bytes], str]:
+    """The audited ledger, the keys its checkpoints were checked with, and where they came
+    from: ``--fleet-key`` (every key the fleet certified for the node on ``sys.keys``), else
+    ``--key`` (repeatable), else the key the first receipt names (unauthenticated)."""
     from executor.ledger import read_ledger
+    from fx_kafka.keys import fleet_public_keys, read_history
 
     values = asyncio.run(read_ledger(_bootstrap(args), args.node, topic=args.topic))
-    if args.key:
-        key, source = _key(args.key), "--key"
+    fleet = fleet_public_keys(args.fleet_key) if args.fleet_key else []
+    if fleet:
+        history = asyncio.run(read_history(_bootstrap(args), fleet))
+        keys = history.public_keys(args.node)
+        if not keys:
+            raise ValueError(f"no key of node {args.node!r} is certified by the fleet key on "
+                             "sys.keys")
+        source = f"the {len(keys)} key(s) the fleet key certified for the node on sys.keys"
+    elif args.key:
+        keys, source = [_key(k) for k in args.key], "--key"
     else:
         first = next((L.parse_record(v) for _, v in values if _is_leaf(v)), None)
         pk = first["receipt"].get("public_key") if first else None
         if not isinstance(pk, str):
             raise ValueError("no --key and no receipt in the ledger names one")
-        key, source = _key(pk), "the key its first receipt names (give --key to pin it)"
-    return L.audit(values, args.node, key), key, source
+        keys = [_key(pk)]
+        source = "the key its first receipt names (give --key or --fleet-key to pin it)"
+    return L.audit(values, args.node, keys), keys, source
 
 
 def _is_leaf(value: bytes) -> bool:
@@ -179,8 +191,12 @@ def add_ledger(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--node", required=True, help="the node id")
         p.add_argument("--bootstrap", help="Kafka bootstrap (default: FX_KAFKA_BOOTSTRAP)")
-        p.add_argument("--key", help="the node's public key (base64, or hex); default: the "
-                                     "key the ledger's first receipt names")
+        p.add_argument("--key", action="append", default=[],
+                       help="a public key of the node (base64, or hex), repeatable; default: the "
+                            "key the ledger's first receipt names")
+        p.add_argument("--fleet-key", action="append", default=[],
+                       help="fleet public key: check against every key it certified for the "
+                            "node on sys.keys (rotated ones included)")
         p.add_argument("--topic", help="read the ledger from this topic (a copy of it)")
 
     prove = sub.add_parser("prove", help="inclusion proofs of receipts against the latest "

@@ -14,7 +14,8 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
    effect id and model, and its parameters (with the documented defaults, the input body as the
    prompt when no prompt parameter is given) tokenize to the receipt's ``prompt_tokens`` and
    normalise to its ``params``;
-5. **the chain**: per node, receipts ordered by ``seq``; where ``seq - 1`` is in this workload,
+5. **the chain**: per node and key (a rotated key starts a new chain), receipts ordered by
+   ``seq``; where ``seq - 1`` is in this workload,
    ``prev_receipt_hash`` must be its hash (and the key the same); two different receipts with one
    ``seq`` are a fork. A node's chain spans every workload it serves, so a missing ``seq - 1`` is
    a *gap* (receipts for other workloads), reported, and a failure only with ``strict_chain``;
@@ -27,8 +28,14 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
    artifact (found by modelHash: ``--artifact``, the model store, then the cache; its sha256 must
    equal the modelHash) and output tokens and logits digest must be identical.
 
-Trust: without ``trusted_keys`` (``--trusted-key``) the node keys come from ``sys.facts``, which
-is unsigned, so a result whose checks all pass is "checked", not "verified" (``verified``).
+Trust: with a key history (``--fleet-key``: :mod:`broker_schema.key_history`, the certificates on
+``sys.keys`` signed by a fleet key the verifier is given) the response signature and the receipt
+must be by a key certified for the writer node and not revoked at the response's time
+(``timing.finished_us``), whichever of its keys that is (rotated keys stay valid for what they
+signed); ``sys.facts`` then decides nothing. With ``trusted_keys`` (``--trusted-key``) every
+receipt must be signed by one of those keys. With neither, the node keys come from ``sys.facts``,
+which is unsigned, so a result whose checks all pass is "checked", not "verified"
+(``verified``).
 
 The checks are pure functions over decoded records (:func:`verify_records`); :func:`read_log` is
 the only part that talks to the broker.
@@ -52,6 +59,7 @@ from broker_schema.records import (
 from executor.identity import verify_response
 
 if TYPE_CHECKING:
+    from broker_schema.key_history import KeyHistory
     from executor.integer.engine import IntegerEngine
 
 __all__ = [
@@ -354,12 +362,15 @@ def verify_records(
     reexecute: bool = True,
     progress: Callable[[str], None] | None = None,
     trusted_keys: Iterable[str] | None = None,
+    key_history: KeyHistory | None = None,
 ) -> WorkloadVerification:
     """Check every receipt-carrying response of ``log`` (see the module docstring).
 
-    ``trusted_keys`` (hex raw Ed25519 keys): every receipt must be signed by one of them; only
-    then is the result authenticated. Without them the keys come from ``sys.facts``, which is
-    unsigned: every check can pass, yet the signers are not authenticated."""
+    ``key_history``: the node keys certified by a fleet key; every signer must be one of the
+    writer node's, trusted at the response's time. ``trusted_keys`` (hex raw keys): every
+    receipt must be signed by one of them. Either authenticates the result; without both the
+    keys come from ``sys.facts``, which is unsigned: every check can pass, yet the signers are
+    not authenticated."""
     trusted = None if trusted_keys is None else set(trusted_keys)
     from executor.engines.integer import ENGINE
     from executor.integer import receipt as rc
@@ -381,17 +392,18 @@ def verify_records(
     if log.undecodable:
         problems.append(f"{log.undecodable} undecodable records on {topics.resp(log.workload_id)}")
 
-    # the chain: per node, by seq
-    by_node: dict[str, dict[int, list[dict[str, Any]]]] = {}
-    append_seqs: dict[str, list[int]] = {}
+    # the chain: per node and key (a rotated key starts a new chain at seq 0), by seq
+    by_node: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+    append_seqs: dict[tuple[str, str], list[int]] = {}
     for _, resp, receipt in found:
         seq_of = receipt.get("seq") if receipt is not None else None
         if not isinstance(seq_of, int):
             continue
-        by_node.setdefault(resp.written_by, {}).setdefault(seq_of, []).append(receipt)
-        append_seqs.setdefault(resp.written_by, []).append(seq_of)
+        chain_key = (resp.written_by, str(receipt.get("public_key")) if receipt else "")
+        by_node.setdefault(chain_key, {}).setdefault(seq_of, []).append(receipt)
+        append_seqs.setdefault(chain_key, []).append(seq_of)
     notes = [f"node {node}: receipts appended out of seq order {seqs} (several workers); "
-             "the chain is checked by seq" for node, seqs in append_seqs.items()
+             "the chain is checked by seq" for (node, _), seqs in append_seqs.items()
              if seqs != sorted(seqs)]
 
     checks: list[ReceiptCheck] = []
@@ -405,9 +417,13 @@ def verify_records(
         check = ReceiptCheck(offset=offset, effect_id=resp.effect_id, node_id=resp.written_by,
                              seq=seq_val if isinstance(seq_val, int) else None, text=text)
         checks.append(check)
-        # 1. the response record's own signature, against the writer's key on sys.facts
+        # 1. the response record's own signature: against a certified key of the writer (with a
+        # key history), else against the writer's key on sys.facts
         facts = log.facts.get(resp.written_by)
-        if facts is None:
+        signer: bytes | None = None
+        if key_history is not None:
+            signer = _check_certified_signature(check, resp, key_history)
+        elif facts is None:
             check.reasons.append(f"no facts for node {resp.written_by} on sys.facts: its "
                                  "public key is unknown")
         elif not verify_response(resp, facts.public_key):
@@ -421,7 +437,9 @@ def verify_records(
         if progress is not None:
             progress(f"receipt {n + 1}/{total} (offset {offset}): re-executing on the CPU oracle")
         # 2. who signed the receipt
-        if facts is not None:
+        if key_history is not None:
+            _check_certified_receipt_key(check, resp, receipt, key_history, signer)
+        elif facts is not None:
             if receipt.get("public_key") != _raw_key_hex(facts):
                 check.reasons.append(f"the receipt is signed by key {receipt.get('public_key')}, "
                                      f"not node {resp.written_by}'s key on sys.facts")
@@ -455,12 +473,13 @@ def verify_records(
         # 5. the chain link
         seq = receipt.get("seq")
         prev: dict[str, Any] | None = None
+        chain = by_node.get((resp.written_by, str(receipt.get("public_key"))), {})
         if isinstance(seq, int):
-            same = by_node.get(resp.written_by, {}).get(seq, [])
+            same = chain.get(seq, [])
             if len({rc.receipt_hash(r) for r in same}) > 1:
                 check.reasons.append(f"chain fork: node {resp.written_by} signed "
                                      f"{len(same)} different receipts with seq {seq}")
-            before = by_node.get(resp.written_by, {}).get(seq - 1)
+            before = chain.get(seq - 1)
             if before:
                 prev = before[0]
             elif seq > 0:
@@ -481,7 +500,53 @@ def verify_records(
         problems.append(f"no integer-engine receipts on {topics.resp(log.workload_id)} "
                         f"({len(log.responses)} responses)")
     return WorkloadVerification(log.workload_id, checks, skipped, problems, notes,
-                                authenticated=trusted is not None)
+                                authenticated=trusted is not None or key_history is not None)
+
+
+def _signed_at(resp: ResponseRecord) -> int | None:
+    return resp.timing.finished_us if resp.timing is not None else None
+
+
+def _check_certified_signature(check: ReceiptCheck, resp: ResponseRecord,
+                               history: KeyHistory) -> bytes | None:
+    """The response's signature by a key certified for its writer: the key, or None (with the
+    reason recorded)."""
+    sig = resp.signature
+    if sig is None:
+        check.reasons.append("the response record carries no signature")
+        return None
+    span = next((s for s in history.spans(resp.written_by) if s.key_id == sig.key_id), None)
+    if span is None:
+        check.reasons.append(f"the response is signed by key {sig.key_id}, which no fleet "
+                             f"certificate on {topics.KEYS} gives node {resp.written_by!r}")
+        return None
+    if not verify_response(resp, span.public_key):
+        check.reasons.append(f"the response record's signature does not verify against node "
+                             f"{resp.written_by}'s certified key {span.key_id}")
+        return None
+    problem = history.key_problem(resp.written_by, span.public_key, _signed_at(resp))
+    if problem is not None:
+        check.reasons.append(f"the response's signing key is not trusted: {problem}")
+        return None
+    check.checks.append(f"response signature (key {span.key_id}, certified for the node)")
+    return span.public_key
+
+
+def _check_certified_receipt_key(check: ReceiptCheck, resp: ResponseRecord,
+                                 receipt: dict[str, Any], history: KeyHistory,
+                                 signer: bytes | None) -> None:
+    try:
+        key = bytes.fromhex(str(receipt.get("public_key")))
+    except ValueError:
+        key = b""
+    problem = history.key_problem(resp.written_by, key, _signed_at(resp))
+    if problem is not None:
+        check.reasons.append(f"the receipt's key is not trusted: {problem}")
+    elif signer is not None and key != signer:
+        check.reasons.append("the receipt is signed by another certified key of the node than "
+                             "its response record")
+    else:
+        check.checks.append("receipt key certified for the node")
 
 
 def render(result: WorkloadVerification) -> list[str]:
@@ -505,19 +570,28 @@ def render(result: WorkloadVerification) -> list[str]:
                  + (f"; not receipts: {skipped}" if skipped else ""))
     if not result.authenticated:
         lines.append("NOT AUTHENTICATED: re-execution, chain and bindings were checked, but the "
-                     "signers' keys come from sys.facts (unsigned): give --trusted-key HEX to "
-                     "verify who signed")
+                     "signers' keys come from sys.facts (unsigned): give --fleet-key (the "
+                     "certificates on sys.keys) or --trusted-key HEX to verify who signed")
     return lines
 
 
 def run(bootstrap: str, workload_id: str, *, artifact: Path | None, store: Path | None,
         strict_chain: bool, reexecute: bool,
         progress: Callable[[str], None] | None = None,
-        trusted_keys: Iterable[str] | None = None) -> tuple[WorkloadVerification, list[str]]:
-    """Read the log and verify it; returns the result and its rendered lines."""
+        trusted_keys: Iterable[str] | None = None,
+        fleet_keys: list[bytes] | None = None) -> tuple[WorkloadVerification, list[str]]:
+    """Read the log (and, given ``fleet_keys``, the key history on ``sys.keys``) and verify it;
+    returns the result and its rendered lines."""
     log = asyncio.run(read_log(bootstrap, workload_id))
+    history = None
+    if fleet_keys:
+        from fx_kafka.keys import read_history
+
+        history = asyncio.run(read_history(bootstrap, fleet_keys))
     result = verify_records(log, resolve=artifact_resolver(artifact=artifact, store=store),
                             strict_chain=strict_chain, reexecute=reexecute, progress=progress,
-                            trusted_keys=trusted_keys)
+                            trusted_keys=trusted_keys, key_history=history)
+    if history is not None:
+        result.notes.extend(f"ignored {topics.KEYS}@{o}: {why}" for o, why in history.ignored)
     return result, render(result)
 

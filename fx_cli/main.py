@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "fx_cli.schema",
     "fx_kafka.cli",
     "fx_kafka.acl",
+    "fx_kafka.keys",
     "executor.cli",
     "workload_sdk.cli",
 )

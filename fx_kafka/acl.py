@@ -14,7 +14,8 @@ holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, 
               workloads apart: the holder of one cannot read or write another's streams.
 producer      writes ``wl.<id>.in`` only.
 operator      reads and describes every topic (``*``); writes ``wl.<id>.spec``, creates the
-              workload's topics and deletes records below the audit horizon (``fx trim``).
+              workload's topics and deletes records below the audit horizon (``fx trim``);
+              writes (and creates) ``sys.keys``, the node key history (``fx keys``).
 ============  =================================================================================
 
 Pattern types. Kafka matches a resource name LITERAL (one name, or ``*`` for all), or PREFIXED
@@ -153,6 +154,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
     if roles.operator:
         op = _user(roles.operator)
         out += _grant(op, T, "*", LIT, R, D, Operation.DESCRIBE_CONFIGS)
+        # the node key history: certificates written with the fleet key (fx keys certify)
+        out += _grant(op, T, topics.KEYS, LIT, W, C)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
     for wid in dict.fromkeys(workloads):

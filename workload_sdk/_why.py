@@ -9,7 +9,7 @@ and the snapshot before the earliest step of the walk. Pure: reads a :class:`Wor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_schema import (
     EffectRequest,
@@ -25,15 +25,25 @@ from broker_schema import (
 )
 from workload_sdk._logview import LogGap, WorkloadLog
 
+if TYPE_CHECKING:
+    from broker_schema.key_history import KeyHistory
+
 __all__ = ["render_tree", "verify_signature", "why"]
 
 #: The walk stops after this many request -> step hops (a chain of answers asking again).
 MAX_HOPS = 64
 
 
-def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str, Any]:
-    """Check the Ed25519 signature of ``resp`` over :meth:`ResponseRecord.signing_bytes` with the
-    public key the executor published on ``sys.facts`` under the signature's ``key_id``.
+def verify_signature(resp: ResponseRecord, facts: list[FactsRecord],
+                     history: KeyHistory | None = None) -> dict[str, Any]:
+    """Check the signature of ``resp`` over :meth:`ResponseRecord.signing_bytes`.
+
+    With ``history`` (the node keys a fleet key certified on ``sys.keys``,
+    :mod:`broker_schema.key_history`): ``valid`` is True only when the signature's key is
+    certified for the response's executor node, trusted at the response's time, and the
+    signature verifies; ``authenticated`` is then True. Without it, with the public key the
+    executor published on ``sys.facts`` under the signature's ``key_id`` (``authenticated``
+    False: anyone who can write ``sys.facts`` decides that key):
 
     ``valid`` is True only when a facts record of the response's own executor node publishes a
     key whose raw bytes hash to ``key_id`` and the signature verifies with it; False when the
@@ -44,7 +54,10 @@ def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str
     if sig is None:
         return {"signed": False, "valid": None, "reason": "the response carries no signature"}
     node = resp.executor.node_id if resp.executor is not None else resp.written_by
-    out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": node}
+    out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": node,
+                           "authenticated": False}
+    if history is not None:
+        return _certified(resp, node, history, out)
     published = [f for f in facts if f.key_id == sig.key_id]
     if not published:
         out.update(valid=None, reason=f"no facts record on sys.facts publishes key {sig.key_id}")
@@ -76,6 +89,27 @@ def verify_signature(resp: ResponseRecord, facts: list[FactsRecord]) -> dict[str
                    facts_node=fact.node_id)
         return out
     out.update(valid=False, reason="; ".join(dict.fromkeys(failures)), facts_node=node)
+    return out
+
+
+def _certified(resp: ResponseRecord, node: str, history: KeyHistory,
+               out: dict[str, Any]) -> dict[str, Any]:
+    assert resp.signature is not None
+    span = next((s for s in history.spans(node) if s.key_id == resp.signature.key_id), None)
+    if span is None:
+        out.update(valid=False, reason=f"no fleet certificate on sys.keys gives node {node!r} "
+                   f"key {resp.signature.key_id}")
+        return out
+    problem = signatures.response_signature_problem(resp, span.public_key)
+    if problem is None:
+        at_us = resp.timing.finished_us if resp.timing is not None else None
+        problem = history.key_problem(node, span.public_key, at_us)
+    if problem is not None:
+        out.update(valid=False, reason=problem)
+        return out
+    out.update(valid=True, authenticated=True,
+               reason=f"verified with a key the fleet key certified for node {node!r} "
+                      f"(sys.keys@{span.offset})")
     return out
 
 
@@ -121,10 +155,11 @@ def _deliveries(log: WorkloadLog) -> tuple[dict[int, tuple[int, MergeEntry]],
 
 
 def why(log: WorkloadLog, *, out_offset: int | None = None,
-        at_ms: int | None = None) -> dict[str, Any]:
+        at_ms: int | None = None, key_history: KeyHistory | None = None) -> dict[str, Any]:
     """The audit walk for the output at ``out_offset`` on ``.out`` (or the latest output appended
     at or before ``at_ms``), as a JSON-able tree. Raises :class:`LogGap` for a record that is
-    trimmed or missing."""
+    trimmed or missing. Signatures are checked against ``key_history`` when given (see
+    :func:`verify_signature`), else against ``sys.facts``."""
     if (out_offset is None) == (at_ms is None):
         raise ValueError("give exactly one of out_offset and at_ms")
     offset = _find_output(log, out_offset, at_ms)
@@ -174,7 +209,7 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             "executor": None if record.executor is None else record.executor.model_dump(
                 mode="json"),
             "written_by": record.written_by,
-            "signature": verify_signature(record, log.facts),
+            "signature": verify_signature(record, log.facts, key_history),
         }
         node["response"] = resp
         out_view = log["out"]

@@ -232,10 +232,19 @@ def _parse_time(text: str) -> int:
 
 
 def _why(args: argparse.Namespace) -> int:
+    from fx_kafka.keys import fleet_public_keys, read_history
+
+    try:
+        fleet = fleet_public_keys(args.fleet_key)
+    except ValueError as exc:
+        print(f"fx why: --fleet-key: {exc}", file=sys.stderr)
+        return 2
     try:
         log = asyncio.run(read_workload_log(_bootstrap(args), args.id))
+        history = asyncio.run(read_history(_bootstrap(args), fleet)) if fleet else None
         tree = why(log, out_offset=args.output,
-                   at_ms=None if args.at is None else _parse_time(args.at))
+                   at_ms=None if args.at is None else _parse_time(args.at),
+                   key_history=history)
     except LogGap as exc:
         print(f"why stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
@@ -358,6 +367,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--at", help="time (ms since the epoch, or ISO 8601): the latest output "
                        "appended at or before it")
     wy.add_argument("--json", action="store_true")
+    wy.add_argument("--fleet-key", action="append", default=[],
+                    help="fleet public key (base64/hex; default $FX_FLEET_PUBLIC_KEY): check "
+                         "signatures against the node keys it certified on sys.keys, not "
+                         "against sys.facts")
     bootstrap_arg(wy)
     wy.set_defaults(func=_why)
 

@@ -1,8 +1,9 @@
 """argparse wiring for ``fx models import-int``, ``fx eval fidelity`` and ``fx verify``.
 
-``fx verify`` exit codes: 0 every check passed and every signer is a ``--trusted-key`` (verified);
-1 a check failed; 2 a usage or read error; 3 every check passed but no trusted key was given, so
-the signer is not authenticated (checked, not verified).
+``fx verify`` exit codes: 0 every check passed and every signer is a ``--trusted-key`` or a key
+certified for its node by a ``--fleet-key`` on ``sys.keys`` (verified); 1 a check failed; 2 a
+usage or read error; 3 every check passed but no trusted or fleet key was given, so the signer
+is not authenticated (checked, not verified).
 
 Each ``add_*`` function adds ONE subparser to the given ``subparsers`` object and sets
 ``func(args) -> int`` (the exit code). ``register(subparsers)`` adds all three under the names
@@ -119,12 +120,13 @@ def _verify_workload(args: argparse.Namespace) -> int:
         print(f"verify: {msg}", file=sys.stderr, flush=True)
 
     try:
+        fleet = _fleet_keys(args)
         result, lines = run(bootstrap, args.workload,
                             artifact=Path(args.artifact) if args.artifact else None,
                             store=store, strict_chain=args.strict_chain,
                             reexecute=not args.no_reexecute, progress=progress,
-                            trusted_keys=args.trusted_key or None)
-    except (LookupError, TimeoutError, OSError) as e:
+                            trusted_keys=args.trusted_key or None, fleet_keys=fleet or None)
+    except (LookupError, TimeoutError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for line in lines:
@@ -151,6 +153,27 @@ def _unwrap(item: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None
     return item, None
 
 
+def _fleet_keys(args: argparse.Namespace) -> list[bytes]:
+    """``--fleet-key`` (else ``FX_FLEET_PUBLIC_KEY``) as raw keys; [] when none is given."""
+    import os
+
+    if not args.fleet_key and not os.environ.get("FX_FLEET_PUBLIC_KEY", "").strip():
+        return []  # and the receipt-file verifier imports nothing of the Kafka side
+    from fx_kafka.keys import fleet_public_keys
+
+    return fleet_public_keys(args.fleet_key)
+
+
+def _file_key_history(args: argparse.Namespace, fleet: list[bytes]) -> Any:
+    import asyncio
+    import os
+
+    from fx_kafka.keys import read_history
+
+    bootstrap = args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP") or "127.0.0.1:9092"
+    return asyncio.run(read_history(bootstrap, fleet))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from . import receipt
 
@@ -168,6 +191,13 @@ def _verify(args: argparse.Namespace) -> int:
         print("error: no receipts in file", file=sys.stderr)
         return 2
     trusted = args.trusted_key or None
+    try:
+        fleet = _fleet_keys(args)
+        history = _file_key_history(args, fleet) if fleet else None
+    except (ValueError, OSError, TimeoutError) as e:
+        print(f"error: the fleet key or the key history on sys.keys: {e}", file=sys.stderr)
+        return 2
+    authenticated = trusted is not None or history is not None
     kw: dict[str, Any] = {"artifact_path": args.artifact, "trusted_keys": trusted,
                           "reexecute": not args.no_reexecute}
     failed = 0
@@ -188,7 +218,13 @@ def _verify(args: argparse.Namespace) -> int:
                          "output text were not compared with a response record")
         notes.append("request not checked: the request record is on .out "
                      "(fx verify --workload checks request_hash and prompt_text_hash)")
-        status = ("FAIL" if reasons else "OK" if trusted
+        if history is not None:
+            problem = _certified_problem(history, r, record)
+            if problem is None:
+                checks.append("signer's key certified for the node by the fleet key")
+            else:
+                reasons.append(f"the signer's key is not trusted: {problem}")
+        status = ("FAIL" if reasons else "OK" if authenticated
                   else "CHECKED (signer not authenticated)")
         print(f"receipt {i} seq={r.get('seq')} node={r.get('node_id')}: {status}")
         for c in checks:
@@ -199,13 +235,29 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"  note  {n}")
         failed += 1 if reasons else 0
     good = len(items) - failed
-    if trusted:
+    if authenticated:
         print(f"{good}/{len(items)} receipts verified")
     else:
         print(f"{good}/{len(items)} receipts checked (re-execution, chain, bindings); NOT "
-              "AUTHENTICATED: no --trusted-key, so the signer's key was not checked against "
-              "any trusted key")
-    return exit_code(failed == 0, trusted is not None)
+              "AUTHENTICATED: no --trusted-key or --fleet-key, so the signer's key was not "
+              "checked against any trusted key")
+    return exit_code(failed == 0, authenticated)
+
+
+def _certified_problem(history: Any, r: dict[str, Any], record: dict[str, Any] | None
+                       ) -> str | None:
+    """Why the receipt's key is not one the key history trusts for its node at the response's
+    time (a bare receipt has no time: a revoked key is then not trusted at all)."""
+    try:
+        key = bytes.fromhex(str(r.get("public_key")))
+    except ValueError:
+        return "the receipt's public_key is not hex"
+    at_us = None
+    if record is not None and isinstance(record.get("timing"), dict):
+        finished = record["timing"].get("finished_us")
+        at_us = finished if isinstance(finished, int) else None
+    problem: str | None = history.key_problem(str(r.get("node_id")), key, at_us)
+    return problem
 
 
 def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:
@@ -228,9 +280,13 @@ def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser
                         "fails")
     p.add_argument("--artifact", help="committed artifact path (default: the cached import)")
     p.add_argument("--trusted-key", action="append", default=[],
-                   help="hex Ed25519 public key (raw 32 bytes) to trust, repeatable; "
-                        "without one nothing is 'verified': the checks run, the signer is not "
-                        "authenticated, exit 3")
+                   help="hex public key (raw: 32 bytes Ed25519, 33 secp256k1) to trust, "
+                        "repeatable; without it or --fleet-key nothing is 'verified': the checks "
+                        "run, the signer is not authenticated, exit 3")
+    p.add_argument("--fleet-key", action="append", default=[],
+                   help="fleet public key (base64/hex; default $FX_FLEET_PUBLIC_KEY): trust the "
+                        "node keys it certified on sys.keys (read from --bootstrap), rotated "
+                        "ones included, revoked ones not")
     p.add_argument("--no-reexecute", action="store_true",
                    help="check signature, hashes and chain only")
     p.set_defaults(func=_verify)

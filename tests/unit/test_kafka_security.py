@@ -126,6 +126,9 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
     assert not allowed(pr, R, "wl.w.in")
     assert allowed(op, R, "wl.other.merge") and allowed(op, W, "wl.w.spec")
     assert not allowed(op, W, "wl.w.out")
+    # the key history is the operator's (with the fleet key); no service writes it
+    assert allowed(op, W, "sys.keys") and allowed(op, R, "sys.keys")
+    assert not allowed(ex, W, "sys.keys") and not allowed(ho, W, "sys.keys")
     assert AclBinding(ho, ResourceType.TRANSACTIONAL_ID, "fx-holder.w", PatternType.LITERAL,
                       W) in plan
     assert AclBinding(ex, ResourceType.GROUP, "fx-executor.", PatternType.PREFIXED,

@@ -161,3 +161,92 @@ async def test_integer_engine_receipts_verify(
     assert refused.returncode == 1
     assert "workload: the response is on 'elsewhere'" in refused.stdout
 
+
+
+async def test_keys_with_a_history_on_a_real_broker(
+    kafka_bootstrap: str, tmp_path: Path, int_store: tuple[ModelStore, ModelManifest]
+) -> None:
+    """``fx keys``: a fleet key certifies a node's key from its facts; the node rotates to a
+    secp256k1 key and the new key is certified too; ``fx verify --workload --fleet-key`` trusts
+    both keys' receipts, a forged ``sys.facts`` record changes nothing, and a revocation of the
+    old key fails what it signed."""
+    from broker_schema import encode
+    from executor.identity import NodeIdentity
+
+    store, manifest = int_store
+    fleet_file = tmp_path / "fleet.pem"
+    init = fx("keys", "fleet-init", "--out", str(fleet_file))
+    assert init.returncode == 0, init.stderr
+    fleet_pub = json.loads(init.stdout)["fleet_public_key"]
+    assert fx("keys", "fleet-init", "--out", str(fleet_file)).returncode == 2  # never overwritten
+    small = {"prompt": "What is 2+2?", "chat": True, "max_tokens": 2}
+    async with workload(kafka_bootstrap, "keys") as wl:
+        await wl.setup({"llm": manifest.hash})
+        cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
+                              integer_backend="oracle", key_file=tmp_path / "old.key")
+        node = cfg.node_id
+        reqs = [request(wl.workload_id, manifest.hash, b"", index=i, params=small)
+                for i in range(2)]
+        async with running(cfg) as svc:
+            old_key = svc.identity
+            await wl.send(reqs[0])
+            await wl.responses([reqs[0].effect_id], timeout=60)
+        boot = ("--bootstrap", kafka_bootstrap)
+        cert = fx("keys", "certify", "--fleet-key", str(fleet_file), "--node", node,
+                  "--from-facts", *boot)
+        assert cert.returncode == 0 and old_key.key_id in cert.stdout, cert.stdout + cert.stderr
+        # rotation: the same node, a new key file of the other type
+        rotated = cfg.model_copy(update={"key_file": tmp_path / "new.key",
+                                         "key_type": "secp256k1"})
+        async with running(rotated) as svc:
+            new_key = svc.identity
+            assert new_key.key_type == "secp256k1"
+            await wl.send(reqs[1])
+            recs = await wl.responses([r.effect_id for r in reqs], timeout=60)
+        assert all(r.outcome == "ok" for rs in by_effect(recs).values() for r in rs)
+        cert = fx("keys", "certify", "--fleet-key", str(fleet_file), "--node", node,
+                  "--from-facts", *boot)
+        assert cert.returncode == 0 and new_key.key_id in cert.stdout, cert.stderr
+
+        def verify(*extra: str) -> subprocess.CompletedProcess[str]:
+            return fx("verify", "--workload", wl.workload_id, *boot, "--store",
+                      str(store.root), "--no-reexecute", *extra)
+
+        both = verify("--fleet-key", fleet_pub)
+        assert both.returncode == 0, both.stdout + both.stderr
+        assert "2/2 receipts verified" in both.stdout
+        # the node's ledger holds checkpoints by both keys: clean with every certified key,
+        # a signature problem with the new key alone
+        watched = fx("ledger", "watch", "--once", "--node", node, "--fleet-key", fleet_pub, *boot)
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        assert json.loads(watched.stdout.splitlines()[-1])["size"] == 2
+        new_only = fx("ledger", "watch", "--once", "--node", node, "--key",
+                      new_key.public_key_b64, *boot)
+        assert new_only.returncode == 1 and "signature" in new_only.stdout, new_only.stdout
+        # a forged facts record (someone who can write sys.facts) decides nothing now
+        rogue = NodeIdentity.generate()
+        forged = FactsRecord(node_id=node, kinds=(), public_key=rogue.public_key_b64,
+                             key_id=rogue.key_id, updated_us=int(time.time() * 1e6))
+        await wl.write(topics.FACTS, encode(forged), key=node.encode())
+        still = verify("--fleet-key", fleet_pub)
+        assert still.returncode == 0, still.stdout + still.stderr
+        without = verify()  # facts decide without a fleet key: the forged key fails both
+        assert without.returncode == 1, without.stdout
+        # another fleet key sees no certificates: nothing is trusted
+        other = tmp_path / "other.pem"
+        assert fx("keys", "fleet-init", "--out", str(other)).returncode == 0
+        stranger = verify("--fleet-key", str(other))
+        assert stranger.returncode == 1 and "no fleet certificate" in stranger.stdout
+        # the old key revoked from the start: its receipt fails, the new key's stands
+        rev = fx("keys", "revoke", "--fleet-key", str(fleet_file), "--node", node,
+                 "--key-id", old_key.key_id, "--reason", "test", *boot)
+        assert rev.returncode == 0, rev.stderr
+        after = verify("--fleet-key", fleet_pub)
+        assert after.returncode == 1 and "revoked" in after.stdout, after.stdout
+        assert "1/2 receipts verified" in after.stdout
+        listed = fx("keys", "list", "--fleet-key", fleet_pub, "--json", *boot)
+        assert listed.returncode == 0, listed.stderr
+        rows = {r["key_id"]: r for r in json.loads(listed.stdout)["keys"] if r["node_id"] == node}
+        assert rows[old_key.key_id]["revoked_us"] == 0
+        assert rows[new_key.key_id]["key_type"] == "secp256k1"
+        assert rows[new_key.key_id]["revoked_us"] is None

@@ -462,3 +462,68 @@ def test_import_int_puts_the_real_artifact_in_the_store(
     inode = st.path(m.hash).stat().st_ino
     assert args.func(args) == 0  # again: nothing copied
     assert st.path(m.hash).stat().st_ino == inode
+
+
+def test_verify_records_with_a_key_history(store: ModelStore, manifest: ModelManifest,
+                                           tmp_path: Path) -> None:
+    """Keys with a history: a node rotates its key mid-workload; with the fleet's certificates
+    both keys' receipts verify, a forged sys.facts changes nothing, and an uncertified, revoked
+    or other node's key is refused."""
+    from broker_schema.key_history import build_history
+    from broker_schema.signatures import SigningKey
+    from fx_kafka.keys import certify, revoke
+
+    fleet = SigningKey.generate()
+    old, new = NodeIdentity.generate(), NodeIdentity.generate("secp256k1")
+    log = WorkloadLog("wl1", [], {}, {"node-a": _facts("node-a", new)})
+    for i, ident in enumerate((old, old, new)):
+        a = make_adapter(ident, tmp_path / f"chain-{ident.key_id[-8:]}.json")
+        a.load(manifest, store.read_verified(manifest.hash))
+        req = request("wl1", manifest.hash, b"", index=i,
+                      params={"prompt": f"hello {i}", "max_tokens": 3})
+        log.requests[10 + i] = req
+        ctx = {"workload_id": "wl1", "effect_id": req.effect_id, "epoch": req.header.epoch,
+               "request_hash": record_hash(req)}
+        (res,) = a.run_batch(manifest.hash, [(req.params, b"")], contexts=[ctx])
+        resp = _response(req, 10 + i, ok(res), "node-a", ident, manifest.hash,
+                         manifest.manifest_hash())
+        log.responses.append((100 + i, resp))
+    resolve = artifact_resolver(store=store.root)
+    certs = [(0, certify(fleet, "node-a", old.public_key, now_us=0)),
+             (1, certify(fleet, "node-a", new.public_key, now_us=1))]
+    history = build_history(certs, [fleet.public_key])
+    facts_only = verify_records(log, resolve=resolve)
+    # sys.facts names only the new key: the old key's two responses fail without a history
+    assert not facts_only.ok
+    good = verify_records(log, resolve=resolve, key_history=history)
+    assert good.verified, render(good)
+    assert all("receipt key certified for the node" in c.checks for c in good.receipts)
+    # a forged sys.facts record decides nothing once the history is there
+    forged = NodeIdentity.generate()
+    log.facts["node-a"] = _facts("node-a", forged)
+    assert verify_records(log, resolve=resolve, key_history=history).verified
+
+    def reasons(h: Any) -> list[str]:
+        result = verify_records(log, resolve=resolve, key_history=h, reexecute=False)
+        assert not result.ok
+        return [r for c in result.receipts for r in c.reasons]
+
+    # the new key never certified: its response is refused
+    only_old = build_history(certs[:1], [fleet.public_key])
+    assert any("no fleet certificate" in r for r in reasons(only_old))
+    # the old key revoked from time 0: what it signed is refused, the new key's answer is not
+    revoked = build_history([*certs, (2, revoke(fleet, "node-a", old.key_id, from_us=0))],
+                            [fleet.public_key])
+    result = verify_records(log, resolve=resolve, key_history=revoked, reexecute=False)
+    assert [c.ok for c in result.receipts] == [False, False, True]
+    assert any("revoked" in r for r in result.receipts[0].reasons)
+    # certificates by a key that is not the fleet's: nothing is trusted
+    rogue = SigningKey.generate()
+    by_rogue = build_history([(0, certify(rogue, "node-a", forged.public_key))],
+                             [fleet.public_key])
+    assert by_rogue.ignored and any("no fleet certificate" in r for r in reasons(by_rogue))
+    # the key certified for another node
+    elsewhere = build_history([(0, certify(fleet, "node-b", old.public_key)),
+                               (1, certify(fleet, "node-b", new.public_key))],
+                              [fleet.public_key])
+    assert any("no fleet certificate" in r for r in reasons(elsewhere))

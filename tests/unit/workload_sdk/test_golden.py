@@ -188,3 +188,30 @@ def test_replay_json_of_state_is_stable(log: WorkloadLog) -> None:
     a: Any = replay(Asker(), log).core.state
     b: Any = replay(Asker(), log, use_snapshots=False).core.state
     assert canonical_json(a) == canonical_json(b)
+
+
+def test_why_with_a_key_history_trusts_certificates_not_facts(log: WorkloadLog) -> None:
+    from broker_schema.key_history import build_history
+    from broker_schema.signatures import SigningKey, public_key_from_text
+    from fx_kafka.keys import certify
+
+    good = next(r for r in (decode(x.value) for x in log["resp"])
+                if isinstance(r, ResponseRecord) and r.signature is not None)
+    node = good.executor.node_id if good.executor is not None else good.written_by
+    (fact,) = [f for f in log.facts if f.key_id == good.signature.key_id]  # type: ignore[union-attr]
+    raw = public_key_from_text(fact.public_key)
+    fleet = SigningKey.generate()
+    history = build_history([(0, certify(fleet, node, raw))], [fleet.public_key])
+    facts_only = verify_signature(good, log.facts)
+    assert facts_only["valid"] is True and facts_only["authenticated"] is False
+    certified = verify_signature(good, [], history)  # no facts needed
+    assert certified["valid"] is True and certified["authenticated"] is True
+    assert "fleet key certified" in certified["reason"]
+    other = build_history([(0, certify(fleet, "someone-else", raw))], [fleet.public_key])
+    refused = verify_signature(good, log.facts, other)
+    assert refused["valid"] is False and refused["authenticated"] is False
+    tampered = good.model_copy(update={"model_hash": "sha256:" + "00" * 32})
+    assert verify_signature(tampered, [], history)["valid"] is False
+    sig = why(log, out_offset=_answer_output(log), key_history=history)["step"]["response"][
+        "signature"]
+    assert sig["valid"] is True and sig["authenticated"] is True
