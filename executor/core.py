@@ -50,6 +50,7 @@ from broker_schema.records import (
 )
 
 __all__ = [
+    "RENEW_FRACTION",
     "Admit",
     "Decision",
     "ExecutorState",
@@ -65,6 +66,8 @@ __all__ = [
     "error_response",
     "input_problem",
     "ok_response",
+    "renewal_due",
+    "renewed",
 ]
 
 #: What the model store says about a hash, computed by the service before :func:`decide`.
@@ -301,6 +304,25 @@ def decide(
         accepted_us=now_us,
     )
     return Admit(accepted=accepted, job=job)
+
+
+#: An executor re-writes a request's ``accepted`` once this fraction of its lease has passed
+#: since the last one, while the request is still in flight: a lease renewal.
+RENEW_FRACTION = 3
+
+
+def renewal_due(accepted: AcceptedRecord, now_us: int) -> bool:
+    """Whether the lease of ``accepted`` is due a renewal at ``now_us``: a third of
+    ``lease_ms`` has passed since its ``accepted_us``. Pure."""
+    return now_us - accepted.accepted_us >= accepted.lease_ms * 1000 // RENEW_FRACTION
+
+
+def renewed(accepted: AcceptedRecord, now_us: int) -> AcceptedRecord:
+    """The renewal of ``accepted`` at ``now_us``: the same record (effect, request, node,
+    lease) with a later ``accepted_us``. The lease holder takes the latest ``accepted`` merged
+    as the start of the lease (``workload_sdk._core``), so ``unknown`` is written only
+    ``lease_ms`` after the last renewal: when the executor is really gone."""
+    return accepted.model_copy(update={"accepted_us": now_us})
 
 
 def _what(topic: str) -> str:

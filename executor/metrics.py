@@ -118,6 +118,11 @@ class ExecutorMetrics:
             registry=r,
         )
 
+        self.lease_renewals = Counter(
+            "fx_executor_lease_renewals",
+            "accepted records written again for requests still in flight (lease renewals)",
+            registry=r,
+        )
         self.broker_retries = Counter(
             "fx_executor_broker_retries",
             "Broker calls retried because the broker was down or restarting, by operation "

@@ -74,6 +74,7 @@ from broker_schema import DecodeError, topics
 from broker_schema.canonical import canonical_json, sha256_hex
 from broker_schema.codec import decode, encode, record_hash
 from broker_schema.records import (
+    AcceptedRecord,
     Body,
     ChunkRef,
     ClaimRecord,
@@ -102,6 +103,8 @@ from executor.core import (
     decide,
     error_response,
     ok_response,
+    renewal_due,
+    renewed,
 )
 from executor.engines import BUILTIN_ENGINES, Engine, EngineOptions, EngineResult, build_engine
 from executor.errors import EngineError, ModelError, OutcomeError
@@ -275,6 +278,10 @@ class ExecutorService:
         self._consume_tasks: list[asyncio.Task[Any]] = []
         self._worker_tasks: list[asyncio.Task[Any]] = []
         self._misc_tasks: list[asyncio.Task[Any]] = []
+        #: the latest ``accepted`` of each request in flight (renewed by _lease_renewer)
+        self._leases: dict[str, AcceptedRecord] = {}
+        #: how often the renewer looks: often enough for the shortest lease in sight
+        self._renew_check_s = 0.2
         self._http_task: asyncio.Task[Any] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
@@ -336,6 +343,7 @@ class ExecutorService:
             self._worker_tasks.append(asyncio.create_task(self._worker()))
         if cfg.facts_interval_s > 0:
             self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
+        self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:
             from executor.http import create_app
 
@@ -649,6 +657,32 @@ class ExecutorService:
         self._facts = facts
         await self._produce("facts", topics.FACTS, encode(facts), self.config.node_id.encode())
 
+    async def _lease_renewer(self) -> None:
+        """Keep the requests in flight alive: while one is accepted and not yet answered, its
+        ``accepted`` is written again each third of its lease (:func:`executor.core.renewal_due`),
+        so a long request (an LLM generation on a busy node) is not written ``unknown`` by the
+        holder while it still runs. A renewal the broker refuses is retried on the next round."""
+        while True:
+            await asyncio.sleep(self._renew_check_s)
+            now_us = time.time_ns() // 1000
+            for effect_id, accepted in list(self._leases.items()):
+                if effect_id not in self.state.in_flight:
+                    self._leases.pop(effect_id, None)
+                    continue
+                if not renewal_due(accepted, now_us):
+                    continue
+                fresh = renewed(accepted, now_us)
+                try:
+                    await self._produce("accepted", topics.resp(fresh.header.workload_id),
+                                        encode(fresh), effect_id.encode())
+                except KafkaError as exc:
+                    log.warning("lease renewal of %s not written: %r", effect_id, exc)
+                    continue
+                if effect_id in self.state.in_flight:
+                    self._leases[effect_id] = fresh
+                self.metrics.lease_renewals.inc()
+                log.debug("%s lease renewed", effect_id)
+
     async def _facts_ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.facts_interval_s)
@@ -805,6 +839,7 @@ class ExecutorService:
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
             assert record.model is not None
+            self._leases[decision.job.effect_id] = decision.accepted
             self._start_fetch(
                 _Job(decision.job, kind, record.model, ack, read_mono, key, tracker, accepted, gen)
             )
