@@ -20,6 +20,8 @@ from executor.core import (
     decide,
     error_response,
     ok_response,
+    renewal_due,
+    renewed,
 )
 from tests.unit.executor.helpers import claim, request, spec
 
@@ -199,3 +201,17 @@ def test_offset_tracker_commits_only_settled_prefix() -> None:
     assert t.pending_in([tp]) == 0
     t.forget([tp])
     assert t.committable() == {}
+
+
+def test_a_lease_is_renewed_each_third_of_it_and_the_renewal_only_moves_its_start() -> None:
+    from broker_schema.records import AcceptedRecord
+
+    req = request(WL, "sha256:" + "a" * 64)
+    acc = AcceptedRecord(effect_id=req.effect_id, header=req.header, request_offset=3,
+                         node_id="n1", lease_ms=3000, accepted_us=1_000_000)
+    assert not renewal_due(acc, 1_000_000 + 999_999)
+    assert renewal_due(acc, 2_000_000)
+    again = renewed(acc, 2_000_000)
+    assert again.accepted_us == 2_000_000
+    assert again.model_copy(update={"accepted_us": acc.accepted_us}) == acc
+    assert not renewal_due(again, 2_500_000) and renewal_due(again, 3_000_000)
