@@ -9,8 +9,9 @@ executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an inpu
               joins the consumer groups ``<group prefix>.<kind>``. Nothing else: it cannot write
               ``.out``, ``.merge``, ``.claims`` or ``.spec``.
 holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
-              describe their configs, delete records for ``fx trim``) and its transactional id
-              ``fx-holder.<id>``; reads ``sys.facts``. One holder principal per workload keeps
+              describe their configs, delete records for ``fx trim``), its transactional id
+              ``fx-holder.<id>`` and the election group ``fx-holder-elect.<id>``; reads
+              ``sys.facts``. One holder principal per workload keeps
               workloads apart: the holder of one cannot read or write another's streams.
 producer      writes ``wl.<id>.in`` only.
 operator      reads and describes every topic (``*``); writes ``wl.<id>.spec``, creates the
@@ -171,6 +172,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
             out += _grant(ho, T, topics.prefix(wid), PRE, R, W, C, D, Operation.DESCRIBE_CONFIGS,
                           Operation.DELETE)
             out += _grant(ho, X, f"fx-holder.{wid}", LIT, W, D)
+            # the holder election's consumer group (workload_sdk._election)
+            out += _grant(ho, G, f"fx-holder-elect.{wid}", LIT, R, D)
         if roles.producer:
             out += _grant(_user(roles.producer), T, topics.inputs(wid), LIT, W, D)
         if roles.operator:

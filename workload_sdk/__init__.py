@@ -26,6 +26,7 @@ from workload_sdk._api import (
     state_hash,
 )
 from workload_sdk._core import Core, Decision, Item, choose_next, due_outcomes
+from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, transactional_id_for
 from workload_sdk._loader import load_workload
 from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
@@ -39,10 +40,12 @@ __all__ = [
     "Decision",
     "DiffReport",
     "EffectResult",
+    "ElectionConfig",
     "Emit",
     "Event",
     "Fenced",
     "HolderConfig",
+    "HolderElection",
     "InputEvent",
     "Item",
     "LeaseHolder",

@@ -25,6 +25,7 @@ from fx_kafka.errors import TopicConfigError
 from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from workload_sdk._api import WorkloadError, body_of, module_hash
+from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
@@ -60,7 +61,6 @@ def _run(args: argparse.Namespace) -> int:
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
                           check_module=not args.no_module_check, trim_every_s=args.trim_every)
-    holder = LeaseHolder(workload, config)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -68,7 +68,11 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await holder.run(stop)
+            if args.no_elect:
+                await LeaseHolder(workload, config).run(stop)
+            else:
+                election = ElectionConfig(session_timeout_ms=args.session_timeout_ms)
+                await HolderElection(workload, config, election).run(stop)
         except Fenced as exc:
             print(f"fenced: {exc}", file=sys.stderr, flush=True)
             return EXIT_FENCED
@@ -315,6 +319,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--holder-id", help="this holder's id (default: host-pid)")
     run.add_argument("--no-module-check", action="store_true",
                      help="run even if the module does not hash to the spec's module_hash")
+    run.add_argument("--no-elect", action="store_true",
+                     help="claim the lease at once instead of taking part in the holder "
+                     "election (fx-holder-elect.<id>): one process only, no stand-bys")
+    run.add_argument("--session-timeout-ms", type=int, default=6000,
+                     help="election: how long a dead holder keeps the lease before a stand-by "
+                     "is elected (default 6000, the broker's minimum)")
     run.add_argument("--trim-every", type=float, metavar="SECONDS",
                      help="also trim the log by the spec's audit horizon this often, as "
                      "`fx trim` does (default: never)")

@@ -134,11 +134,14 @@ class WorkloadHarness:
         self.processes.append(proc)
         return proc
 
-    def start_holder(self, holder_id: str) -> subprocess.Popen[bytes]:
-        """Start a lease holder process for this workload."""
+    def start_holder(self, holder_id: str, *args: str,
+                     elect: bool = True) -> subprocess.Popen[bytes]:
+        """Start a lease holder process for this workload (``fx workload run``): a candidate in
+        the holder election, or with ``elect=False`` one that claims the lease at once."""
         return self._spawn([sys.executable, "-m", "workload_sdk", "workload", "run", self.module,
                             "--id", self.workload_id, "--holder-id", holder_id,
-                            "--bootstrap", self.bootstrap], f"holder-{holder_id}")
+                            "--bootstrap", self.bootstrap, *args,
+                            *(() if elect else ("--no-elect",))], f"holder-{holder_id}")
 
     def start_executor(self, *args: str, name: str = "executor") -> subprocess.Popen[bytes]:
         """Start ``fx executor run ARGS...`` as a process (check :func:`executor_available`)."""

@@ -133,5 +133,7 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
                       W) in plan
     assert AclBinding(ex, ResourceType.GROUP, "fx-executor.", PatternType.PREFIXED,
                       R) in plan
+    assert AclBinding(ho, ResourceType.GROUP, "fx-holder-elect.w", PatternType.LITERAL,
+                      R) in plan
     with pytest.raises(ValueError):
         plan_acls(Roles(), ["bad.id"])

@@ -63,7 +63,9 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
 ) -> None:
     """Executor played by the test. Holder A runs; A is paused (SIGSTOP) and B claims; A resumes
-    and the broker refuses its transaction; B is SIGKILLed mid-stream and C takes over."""
+    and the broker refuses its transaction; B is SIGKILLed mid-stream and C takes over. Holders
+    started outside the election (``--no-elect``): each claims at once, as a supervisor restarting
+    one would (the election is ``test_election.py``)."""
     wid = unique_workload_id
     async with WorkloadHarness(
         kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
@@ -71,7 +73,7 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
     ) as h:
         files = [f"file number {i}\n".encode() * (i + 1) for i in range(8)]
         done: set[str] = set()
-        a = h.start_holder("holder-a")
+        a = h.start_holder("holder-a", elect=False)
         await h.wait_for(lambda log: h.epochs(log) == [1], what="claim 1")
         for data in files[:3]:
             await h.send_input(data, source="sensor-1")
@@ -81,7 +83,7 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
 
         # A pauses; B claims epoch 2 and fences A's producer
         a.send_signal(signal.SIGSTOP)
-        b = h.start_holder("holder-b")
+        b = h.start_holder("holder-b", elect=False)
         await h.wait_for(lambda log: h.epochs(log) == [1, 2], what="claim 2")
         for data in files[3:5]:
             await h.send_input(data, source="sensor-1")
@@ -98,7 +100,7 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
             await h.send_input(data, source="sensor-1")
         b.send_signal(signal.SIGKILL)
         await asyncio.to_thread(b.wait, 30)
-        c = h.start_holder("holder-c")
+        c = h.start_holder("holder-c", elect=False)
         await h.wait_for(lambda log: h.epochs(log) == [1, 2, 3], what="claim 3")
         deadline = time.monotonic() + 60
         while True:

@@ -6,6 +6,7 @@ Both with real processes: ``fx executor run`` and ``fx workload run``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 from pathlib import Path
@@ -75,7 +76,7 @@ async def test_a_request_longer_than_its_lease_is_answered_ok(
     # it ran for several leases, and was renewed each third of one
     assert answer_ms - first_ms > 2 * LEASE_MS, (answer_ms - first_ms, len(accepted))
     assert len(accepted) >= 3
-    gaps = [b[0] - a[0] for a, b in zip(accepted, accepted[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(accepted)]
     assert max(gaps) < LEASE_MS, gaps
     assert answer.written_by != "long-holder"  # the executor's answer, not a holder's unknown
 
