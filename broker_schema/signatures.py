@@ -5,7 +5,8 @@
 - **secp256k1** (ECDSA, for notarising on chains that use that curve): the public key is the
   33-byte SEC1 compressed point (``0x02``/``0x03`` then x); a signature is ECDSA over SHA-256 of
   the message, written as 64 bytes ``r || s`` (big-endian, 32 bytes each) with **low s**
-  (``s <= n/2``; a high-s signature is refused, so a signature has one encoding only).
+  (``s <= n/2``; a high-s signature is refused, so a signature has one encoding only). The
+  project signs with RFC 6979 deterministic nonces (verifiers need not care).
 
 A key's type is told by its length (32 or 33 bytes); nothing else names it. Its text form on the
 wire (``FactsRecord.public_key``, key certificates) is the standard base64 (with padding) of the
@@ -206,7 +207,10 @@ class SigningKey:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-        r, s = decode_dss_signature(self._key.sign(message, ec.ECDSA(hashes.SHA256())))
+        # RFC 6979 deterministic nonces: the same key and message give the same signature (no
+        # dependence on a random source at signing time; test vectors regenerate identically)
+        r, s = decode_dss_signature(self._key.sign(
+            message, ec.ECDSA(hashes.SHA256(), deterministic_signing=True)))
         if s > _SECP256K1_N // 2:
             s = _SECP256K1_N - s
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")

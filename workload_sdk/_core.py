@@ -15,7 +15,7 @@ it decides the same. Who calls what:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -119,6 +119,46 @@ def _parse_effect_id(effect_id: str) -> tuple[str, int, int, int] | None:
         return None
 
 
+#: Backpressure pacing: the first ``backpressure`` answer in a row pauses inputs this long (broker
+#: time), each further one doubles the pause, up to the cap; any other answer ends the streak.
+PACE_BASE_MS = 100
+PACE_CAP_MS = 5_000
+
+
+@dataclass(slots=True)
+class Pacing:
+    """When the holder may merge inputs again after ``backpressure`` answers. Pure.
+
+    An executor answers ``backpressure`` when its queue is full. Each answer frees room under the
+    outstanding limit, so without a pause the holder would issue the next request straight into
+    the same full queue, and a backlog would turn into a storm of ``backpressure`` answers. After
+    the ``k``-th ``backpressure`` answer in a row merged at broker time ``t``, inputs wait until
+    ``t + min(PACE_CAP_MS, PACE_BASE_MS * 2**(k-1))``; answers are merged as ever. Only the order
+    of merging changes, and that order is what ``.merge`` records, so replay does not depend on
+    the pause. (Broker time moves with the records merged from ``.resp``; the holder writes a
+    tick when a pause is over and nothing else would show it.)"""
+
+    streak: int = 0
+    until_ms: int = 0
+
+    def note(self, outcome: str, time_ms: int) -> None:
+        """An answer with ``outcome`` merged at broker time ``time_ms``."""
+        if outcome == "backpressure":
+            self.streak += 1
+            pause = min(PACE_CAP_MS, PACE_BASE_MS * 2 ** min(self.streak - 1, 20))
+            self.until_ms = max(self.until_ms, time_ms + pause)
+        else:
+            self.streak = 0
+
+    def allows(self, now_ms: int) -> bool:
+        """Whether inputs may be merged at broker time ``now_ms``."""
+        return now_ms >= self.until_ms
+
+    def resumes_at(self) -> int | None:
+        """The broker time the current pause ends, or None when there is none in force."""
+        return self.until_ms if self.until_ms > 0 else None
+
+
 @dataclass
 class Core:
     """The fold's whole state: the workload state, the next ``seq``, pending effects, the effect
@@ -131,6 +171,9 @@ class Core:
     pending: dict[str, Pending] = field(default_factory=dict)
     guessed: dict[str, str] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=lambda: {"in": 0, "resp": 0})
+    #: Backpressure pacing (holder only; see :class:`Pacing`): not in snapshots, so a resumed
+    #: holder starts unpaced.
+    pacing: Pacing = field(default_factory=lambda: Pacing())
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -198,10 +241,14 @@ class Core:
         return content_hash(self.state)
 
     # -- decisions -----------------------------------------------------------------------------
-    def input_allowed(self, spec: SpecRecord) -> bool:
+    def input_allowed(self, spec: SpecRecord, now_ms: int | None = None) -> bool:
         """Inputs from ``.in`` are merged only while fewer than ``spec.outstanding_limit``
-        requests are pending; answers are always merged (they free room)."""
-        return len(self.pending) < spec.outstanding_limit
+        requests are pending and, given the broker time ``now_ms`` (the append time of the
+        latest ``.resp`` record merged), while no backpressure pause is in force
+        (:class:`Pacing`); answers are always merged (they free room)."""
+        if len(self.pending) >= spec.outstanding_limit:
+            return False
+        return now_ms is None or self.pacing.allows(now_ms)
 
     def classify(self, item: Item) -> Decision:
         """Deliver or pass over ``item``, without changing anything.
@@ -258,6 +305,7 @@ class Core:
         else:
             assert isinstance(record, ResponseRecord)
             self.pending.pop(record.effect_id)
+            self.pacing.note(record.outcome, item.time_ms)
             if record.outcome in _TERMINAL_GUESSES:
                 self.guessed[record.effect_id] = record.outcome
             event = EffectResult(
@@ -402,6 +450,22 @@ def due_outcomes(pending: Iterable[Pending], request_times: Mapping[str, int], n
         if now_ms > at:
             due.append(Due(p.effect_id, outcome, at))
     return due
+
+
+def next_due_ms(pending: Mapping[str, Pending], request_times: Mapping[str, int], *,
+                already_written: Set[str], pacing: Pacing, inputs_waiting: bool,
+                now_resp_ms: int | None) -> int | None:
+    """The next broker time the holder must see to make progress: the earliest deadline or
+    lease end among ``pending`` effects not yet given an outcome, and the end of a backpressure
+    pause while inputs wait behind it and no ``.resp`` record merged shows it over. None when
+    nothing is due. The holder (and the test simulator) write a tick when broker time passes it
+    with nothing else on ``.resp``. Pure."""
+    dues = [due_at(p, request_times[eid])[1] for eid, p in pending.items()
+            if eid in request_times and eid not in already_written]
+    end = pacing.resumes_at()
+    if end is not None and inputs_waiting and (now_resp_ms is None or now_resp_ms < end):
+        dues.append(end)
+    return min(dues) if dues else None
 
 
 def holder_outcome(p: Pending, *, request_offset: int, outcome: Literal["timeout", "unknown"],

@@ -81,9 +81,9 @@ from workload_sdk._core import (
     Item,
     OutRecord,
     choose_next,
-    due_at,
     due_outcomes,
     holder_outcome,
+    next_due_ms,
 )
 from workload_sdk._kafka_io import read_resume_log, read_topic
 from workload_sdk._replay import out_slots, replay, resume_outputs
@@ -240,6 +240,8 @@ class LeaseHolder:
         self._now_resp_ms: int | None = None
         self._clock: tuple[int, float] | None = None  # (broker ms, local monotonic s)
         self._tick_inflight_since: float | None = None
+        #: inputs are buffered behind the merge (the outstanding limit or a backpressure pause)
+        self._inputs_waiting = False
         self._producer: Any = None
         self._out_end = 0  # offset after the last committed .out record this holder knows
         # offsets of records skipped (undecodable, wrong kind) behind records still buffered:
@@ -423,6 +425,7 @@ class LeaseHolder:
         self._requests = {}
         self._written_outcomes = set()
         self._now_resp_ms = None
+        self._inputs_waiting = False
         self._clock = None
         self._tick_inflight_since = None
         self._producer = None
@@ -511,6 +514,7 @@ class LeaseHolder:
                     else:
                         core.positions[source] = max(core.positions[source], msg.offset + 1)
             await self._merge_available(bufs)
+            self._inputs_waiting = bool(bufs["in"])
             await self._judge_and_tick()
         log.info("holder of %s stopping at seq %d", cfg.workload_id, core.seq)
 
@@ -541,7 +545,7 @@ class LeaseHolder:
             while len(txn) < cfg.max_batch:
                 source = choose_next(bufs["in"][0] if bufs["in"] else None,
                                      bufs["resp"][0] if bufs["resp"] else None,
-                                     input_allowed=core.input_allowed(spec))
+                                     input_allowed=core.input_allowed(spec, self._now_resp_ms))
                 if source is None:
                     break
                 item = bufs[source].popleft()
@@ -599,10 +603,10 @@ class LeaseHolder:
     async def _judge_and_tick(self) -> None:
         core, cfg = self.core, self.config
         assert core is not None
-        if not core.pending:
+        if not core.pending and self._next_due_ms() is None:
             return
         times = {eid: r.time_ms for eid, r in self._requests.items()}
-        if self._now_resp_ms is not None:
+        if self._now_resp_ms is not None and core.pending:
             due = due_outcomes(core.pending.values(), times, self._now_resp_ms,
                                already_written=self._written_outcomes)
             if due:
@@ -643,10 +647,9 @@ class LeaseHolder:
 
     def _next_due_ms(self) -> int | None:
         assert self.core is not None
-        dues = [due_at(p, self._requests[eid].time_ms)[1]
-                for eid, p in self.core.pending.items()
-                if eid in self._requests and eid not in self._written_outcomes]
-        return min(dues) if dues else None
+        return next_due_ms(self.core.pending, {e: r.time_ms for e, r in self._requests.items()},
+                           already_written=self._written_outcomes, pacing=self.core.pacing,
+                           inputs_waiting=self._inputs_waiting, now_resp_ms=self._now_resp_ms)
 
     def _poll_timeout_ms(self) -> int:
         nxt = self._next_due_ms()

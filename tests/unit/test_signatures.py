@@ -77,6 +77,7 @@ def test_secp256k1_keys_sign_and_verify_through_the_one_check(tmp_path: object) 
     assert not signatures.verify_ed25519(key.public_key, sig, msg)  # not an Ed25519 key
     other = signatures.SigningKey.generate(signatures.SECP256K1)
     assert not signatures.verify(other.public_key, sig, msg)
+    assert key.sign(msg) == sig  # RFC 6979: deterministic
     again = signatures.SigningKey.from_pem(key.pem())
     assert again.public_key == key.public_key and signatures.verify(key.public_key,
                                                                     again.sign(msg), msg)

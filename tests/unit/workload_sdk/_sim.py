@@ -49,7 +49,14 @@ from workload_sdk import (
     emit,
     infer,
 )
-from workload_sdk._core import Core, Item, choose_next, due_at, due_outcomes, holder_outcome
+from workload_sdk._core import (
+    Core,
+    Item,
+    choose_next,
+    due_outcomes,
+    holder_outcome,
+    next_due_ms,
+)
 from workload_sdk._logview import LogRecord
 from workload_sdk._replay import missing_outputs, replay
 
@@ -237,7 +244,7 @@ class SimHolder:
         while True:
             source = choose_next(self.bufs["in"][0] if self.bufs["in"] else None,
                                  self.bufs["resp"][0] if self.bufs["resp"] else None,
-                                 input_allowed=core.input_allowed(spec))
+                                 input_allowed=core.input_allowed(spec, self.now_resp))
             if source is None:
                 break
             item = self.bufs[source].popleft()
@@ -268,9 +275,10 @@ class SimHolder:
                         outcome=d.outcome, holder_id=f"h{self.epoch}", workload_id=WID)))
                     self.written.add(d.effect_id)
                 sim.write_txn(recs)
-        dues = [due_at(p, times[e])[1] for e, p in core.pending.items()
-                if e in times and e not in self.written]
-        if dues and min(dues) < sim.now and not self.tick_pending:
+        nxt = next_due_ms(core.pending, times, already_written=self.written,
+                          pacing=core.pacing, inputs_waiting=bool(self.bufs["in"]),
+                          now_resp_ms=self.now_resp)
+        if nxt is not None and nxt < sim.now and not self.tick_pending:
             sim.write_txn([("resp", TickRecord(workload_id=WID, epoch=self.epoch,
                                                holder_id=f"h{self.epoch}"))])
             self.tick_pending = True

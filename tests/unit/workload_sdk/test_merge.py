@@ -332,3 +332,58 @@ def test_outputs_are_plain_emits_and_requests() -> None:
     with pytest.raises(WorkloadError, match="bad_state"):
         Core.initial(NaNState(), WID).apply(_item("in", 0, 1, _input(1)), epoch=1,
                                             spec=make_spec())
+
+
+# ------------------------------------------------------------------------------ pacing
+
+
+def test_pacing_pauses_grow_with_a_streak_and_any_other_answer_ends_it() -> None:
+    from workload_sdk._core import PACE_BASE_MS, PACE_CAP_MS, Pacing
+
+    p = Pacing()
+    assert p.allows(0) and p.resumes_at() is None
+    p.note("backpressure", 1_000)
+    assert not p.allows(1_000 + PACE_BASE_MS - 1) and p.allows(1_000 + PACE_BASE_MS)
+    p.note("backpressure", 1_000)
+    assert p.resumes_at() == 1_000 + 2 * PACE_BASE_MS
+    for _ in range(30):
+        p.note("backpressure", 2_000)
+    assert p.resumes_at() == 2_000 + PACE_CAP_MS
+    p.note("ok", 2_001)
+    assert p.streak == 0 and p.resumes_at() == 2_000 + PACE_CAP_MS  # the pause in force stays
+    p.note("backpressure", 9_000)
+    assert p.resumes_at() == 9_000 + PACE_BASE_MS  # a new streak starts short
+
+
+def test_backpressure_holds_inputs_back_in_broker_time_and_replay_follows_the_log() -> None:
+    from workload_sdk._core import PACE_BASE_MS
+
+    sim = Sim(make_spec(limit=4))
+    sim.start()
+    holder = sim.holder
+    assert holder is not None
+    for v in range(8):
+        sim.input(2 * v + 1)  # odd: each asks the model once
+    holder.pump()
+    assert len(sim.requests()) == 4  # the outstanding limit
+    for pick in range(4):  # every queue full: backpressure for the four
+        sim.answer(pick, "backpressure")
+    holder.pump()
+    # the answers were merged (room for four more), but no input: the pause is in force
+    assert len(sim.requests()) == 4 and holder.core.pacing.streak == 4
+    resume = holder.core.pacing.resumes_at()
+    assert resume == sim.now + PACE_BASE_MS * 8
+    sim.now = resume - 1
+    holder.pump()
+    assert len(sim.requests()) == 4
+    sim.now = resume + 1
+    holder.pump()  # broker time passes the pause: a tick shows it, then the inputs are merged
+    holder.pump()
+    assert len(sim.requests()) == 8
+    ticks = [r for r in (decode(x.value) for x in sim.log["resp"]) if isinstance(r, TickRecord)]
+    assert ticks, "the holder wrote a tick to see the pause end"
+    for pick in range(4, 8):
+        sim.answer(pick, "ok")
+    holder.drain()
+    result = replay(Asker(), sim.log, use_snapshots=False)
+    assert compare_outputs(result, sim.log) == []
