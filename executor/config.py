@@ -88,6 +88,11 @@ class ExecutorConfig(BaseModel):
     #: fetch); an attempt that runs over counts as the broker unreachable and is retried with
     #: backoff, until the request's executor lease lapses (then ``input_missing``).
     input_attempt_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    #: A request that finds its kind's queue full waits this long for room before it is
+    #: answered ``backpressure`` (it stays unread on the log behind it meanwhile): a burst, such
+    #: as the backlog a restarted executor meets, is absorbed instead of refused. 0: refuse at
+    #: once.
+    backpressure_wait_s: Annotated[float, Field(ge=0, le=600)] = 5.0
     #: Largest batch of concurrent requests for one model handed to the engine at once.
     max_batch: Annotated[int, Field(ge=1, le=4096)] = 8
     #: ONNX Runtime intra-op threads per session (0: ONNX Runtime's default).

@@ -118,6 +118,13 @@ class ExecutorMetrics:
             registry=r,
         )
 
+        self.queue_full_waits = Counter(
+            "fx_executor_queue_full_waits",
+            "Requests that found their kind's queue full and waited for room (up to "
+            "backpressure_wait_s) before being decided",
+            ["kind"],
+            registry=r,
+        )
         self.lease_renewals = Counter(
             "fx_executor_lease_renewals",
             "accepted records written again for requests still in flight (lease renewals)",

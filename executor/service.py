@@ -805,6 +805,7 @@ class ExecutorService:
         if workload_id not in synced:
             await self._sync_workload(workload_id)
             synced.add(workload_id)
+        await self._wait_for_room(kind, record)
         status = await self._model_status(record.model) if record.model else "absent"
         now_ns = time.time_ns()
         self.metrics.read_lag_seconds.labels(kind).observe(
@@ -858,6 +859,24 @@ class ExecutorService:
         )
         log.info("%s %s %s", response.effect_id, response.outcome, code)
         self._trackers[kind].done(key, offset)
+
+    async def _wait_for_room(self, kind: str, record: EffectRequest) -> None:
+        """Hold the read of ``record`` while ``kind``'s queue is full, up to
+        ``backpressure_wait_s`` (and never past the request's own in-flight duplicate, its
+        stop, or the service's): then :func:`executor.core.decide` judges it as it is, which
+        answers ``backpressure`` only if the queue is still full. Requests behind it on the log
+        wait unread, which is the log's own flow control."""
+        limit = self.state.queue_limits.get(kind)
+        wait = self.config.backpressure_wait_s
+        if limit is None or wait <= 0 or record.effect_id in self.state.in_flight:
+            return
+        if self.state.queue_depth(kind) < limit:
+            return
+        self.metrics.queue_full_waits.labels(kind).inc()
+        give_up = time.monotonic() + wait
+        while (self.state.queue_depth(kind) >= limit and not self._stopping
+               and time.monotonic() < give_up):
+            await asyncio.sleep(0.01)
 
     async def _reject(self, msg: Any, code: RejectCode, detail: str) -> None:
         self.metrics.rejected.labels(code).inc()

@@ -181,6 +181,53 @@ class Request:
 
 Output: TypeAlias = Emit | Request
 
+#: The outcomes :func:`reask` re-asks after by default: nothing was done (``timeout``: nobody
+#: accepted it; ``backpressure``: refused for a full queue), so asking again is always safe.
+REASK_ON: tuple[str, ...] = ("backpressure", "timeout")
+
+
+def remember(req: Request) -> dict[str, Any]:
+    """``req`` as a JSON value to keep in the state, for :func:`reask` to issue again."""
+    return {
+        "effect_kind": req.effect_kind, "model": req.model, "params": dict(req.params),
+        "input": None if req.input is None else req.input.model_dump(mode="json"),
+        "deadline_ms": req.deadline_ms, "attempt": 1,
+    }
+
+
+def reask(event: EffectResult, remembered: Mapping[str, Any] | None, *,
+          max_attempts: int = 3, on: Sequence[str] = REASK_ON
+          ) -> tuple[Request, dict[str, Any]] | None:
+    """Ask again after ``backpressure`` or ``timeout``, in one line::
+
+        if (again := reask(event, asked.get(slot))) is not None:
+            request, asked[f"{event.seq}/0"] = again
+            return new, [request]
+
+    ``remembered`` is what :func:`remember` made of the request ``event`` answers (None: nothing
+    to re-ask). Returns the same request (kind, model name, params, input, deadline) and what to
+    remember of it (its attempt count one higher) when ``event.outcome`` is in ``on`` and fewer
+    than ``max_attempts`` attempts were made; otherwise None (an ``ok``, an ``error``, an
+    ``unknown``, or attempts used up). ``unknown`` is not re-asked by default: the executor may
+    have acted (add it to ``on`` only for idempotent kinds). The new request is another effect
+    (another slot, another id); the holder paces inputs after ``backpressure``
+    (docs/workloads.md), so re-asking does not feed a storm."""
+    if remembered is None or event.outcome not in on:
+        return None
+    attempt = int(remembered.get("attempt", 1))
+    if attempt >= max_attempts:
+        return None
+    raw_input = remembered.get("input")
+    body: Body | None = None
+    if raw_input is not None:
+        from pydantic import TypeAdapter
+
+        body = TypeAdapter(Body).validate_python(raw_input)
+    req = Request(effect_kind=str(remembered["effect_kind"]), model=remembered.get("model"),
+                  params=dict(remembered.get("params") or {}), input=body,
+                  deadline_ms=remembered.get("deadline_ms"))
+    return req, dict(remembered, attempt=attempt + 1)
+
 
 def body_of(value: Body | bytes | str | Any, *, media_type: str | None = None) -> Body:
     """A body from a value: bodies and references pass through, ``bytes`` become base64,

@@ -3,7 +3,9 @@
 Input: a file's bytes on ``wl.<id>.in``. The step asks the model bound as ``filetype`` (for
 example magika on an executor) what it is; when the answer comes back, it emits a decision and
 asks the gate actuator for an absolute set-point (``open`` for allowed types, ``closed`` for the
-rest). A model that times out, errs or is lost leaves the gate as it is and says so.
+rest). A model answer of ``backpressure`` or ``timeout`` is asked again (:func:`workload_sdk.reask`,
+at most three attempts); one that errs, is lost or runs out of attempts leaves the gate as it is
+and says so.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from workload_sdk import (
     actuate,
     emit,
     infer,
+    reask,
+    remember,
 )
 
 GATE_KIND = "acme:gate/set@1.0.0"
@@ -57,11 +61,16 @@ class FiletypeGate(Workload):
         new = dict(state, asked=asked)
         if isinstance(event, InputEvent):
             new["files"] = state["files"] + 1
-            asked[f"{event.seq}/0"] = {"what": "infer", "input_offset": event.offset}
-            return new, [infer(model="filetype", input=event.body,
-                               deadline_ms=INFER_DEADLINE_MS)]
+            req = infer(model="filetype", input=event.body, deadline_ms=INFER_DEADLINE_MS)
+            asked[f"{event.seq}/0"] = {"what": "infer", "input_offset": event.offset,
+                                       "request": remember(req)}
+            return new, [req]
         what = asked.pop(f"{event.input_offset}/{event.index}", {"what": "?"})
         new["answers"] = [*state["answers"], event.effect_id][-20:]
+        if what["what"] == "infer" and (again := reask(event, what.get("request"))) is not None:
+            req, remembered = again  # backpressure or timeout: ask again
+            asked[f"{event.seq}/0"] = dict(what, request=remembered)
+            return new, [req]
         if what["what"] == "infer":
             new["decisions"] = state["decisions"] + 1
             if not event.ok:

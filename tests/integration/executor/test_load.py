@@ -40,7 +40,7 @@ async def test_queue_full_is_backpressure_and_nothing_is_lost(
             await wl.send(r)
         cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
                               kinds={"ninelives:inference/run@0.1.0": 2}, workers=1,
-                              max_batch=1)
+                              max_batch=1, backpressure_wait_s=0)  # refuse at once
         async with running(cfg) as svc:
             recs = await wl.responses([r.effect_id for r in reqs], settle=0.5)
             metrics = svc.metrics_text().decode()
@@ -57,6 +57,32 @@ async def test_queue_full_is_backpressure_and_nothing_is_lost(
         assert (eid in accepted) == (resp.outcome == "ok")
         assert resp.error is None
     assert 'outcome="backpressure"' in metrics
+
+
+async def test_a_backlog_waits_for_room_instead_of_a_storm_of_backpressure(
+    kafka_bootstrap: str, tmp_path: Path, store: ModelStore, magika_hash: str
+) -> None:
+    """The backlog a restarted executor meets (issue 11: 131 of 200 used to end backpressure):
+    with the default ``backpressure_wait_s`` a request that finds the queue full waits unread
+    for room, and every one is answered ok."""
+    n = 60
+    async with workload(kafka_bootstrap, "backlog") as wl:
+        await wl.setup({"magika": magika_hash})
+        reqs = [request(wl.workload_id, magika_hash, PY * (i + 1), index=i) for i in range(n)]
+        for r in reqs:
+            await wl.send(r)
+        cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
+                              kinds={"ninelives:inference/run@0.1.0": 2}, workers=1,
+                              max_batch=1)
+        assert cfg.backpressure_wait_s > 0
+        async with running(cfg) as svc:
+            recs = await wl.responses([r.effect_id for r in reqs], settle=0.5, timeout=120)
+            metrics = svc.metrics_text().decode()
+    outcomes = [rs[0].outcome for rs in by_effect(recs).values()]
+    assert len(outcomes) == n and outcomes.count("ok") == n, sorted(set(outcomes))
+    waits = [line for line in metrics.splitlines()
+             if line.startswith("fx_executor_queue_full_waits_total{")]
+    assert waits and float(waits[0].rsplit(" ", 1)[1]) >= 1
 
 
 async def test_bad_records_are_counted_logged_rejected_and_passed(
