@@ -492,7 +492,42 @@ def main() -> None:
     write_json("negative.json", negatives(receipts, records, node_key, other_key, eng, path,
                                           keys))
     write_json("primitives.json", primitives(eng))
+    write_json("secp256k1.json", secp256k1_vector(receipts[0]))
     print(f"wrote {OUT}", file=sys.stderr)
+
+
+#: TEST-ONLY secp256k1 private scalar: the bytes 01 02 ... 20, big-endian.
+SECP256K1_SCALAR = bytes(range(1, 33))
+_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def secp256k1_vector(r0: dict[str, Any]) -> dict[str, Any]:
+    """receipt-0's body signed by a secp256k1 node key (RFC 6979 nonces, so the bytes are
+    reproducible), with its signed bytes, and the same signature with a high s (refused)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = SigningKey(ec.derive_private_key(int.from_bytes(SECP256K1_SCALAR, "big"),
+                                           ec.SECP256K1()))
+    signed = resign(r0, key)
+    sig = bytes.fromhex(signed["signature"])
+    r_int, s_int = int.from_bytes(sig[:32], "big"), int.from_bytes(sig[32:], "big")
+    assert s_int <= _N // 2
+    high = dict(signed, signature=(sig[:32] + (_N - s_int).to_bytes(32, "big")).hex())
+    return {
+        "what": "receipt-0's body (seq 0, genesis) signed by a TEST-ONLY secp256k1 key: ECDSA "
+                "over SHA-256 of the signed bytes, r || s with low s, RFC 6979 nonce",
+        "key": {"TEST_ONLY": "the private scalar is public: never trust or use this key",
+                "type": "secp256k1", "scalar_hex": SECP256K1_SCALAR.hex(),
+                "public_key_hex": key.public_key.hex(),
+                "public_key_b64": key.public_key_b64, "key_id": key.key_id},
+        "receipt": signed,
+        "signed_bytes_hex": receipt.signing_bytes(signed).hex(),
+        "r_hex": f"{r_int:064x}", "s_hex": f"{s_int:064x}",
+        "receipt_hash": receipt.receipt_hash(signed),
+        "negative": {"why": "the same signature with s replaced by n - s (high s): one "
+                            "encoding per signature, so it is refused",
+                     "receipt": high, "expect": "signature does not verify"},
+    }
 
 
 def encode_json(obj: Any) -> str:

@@ -270,6 +270,45 @@ def test_the_vectors_are_small_and_all_there() -> None:
     assert data < 200_000, data
 
 
+def test_the_secp256k1_vector_verifies_independently_and_in_the_project() -> None:
+    """ECDSA-SHA256 over the signed bytes, r || s with low s, RFC 6979 (so re-signing with the
+    stated scalar gives the same bytes); the high-s copy is refused."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import (
+        decode_dss_signature,
+        encode_dss_signature,
+    )
+
+    from executor.integer import receipt as rc
+
+    vec = _load("secp256k1.json")
+    key = ec.derive_private_key(int(vec["key"]["scalar_hex"], 16), ec.SECP256K1())
+    pub = bytes.fromhex(vec["key"]["public_key_hex"])
+    assert len(pub) == 33 and pub[0] in (2, 3)
+    assert key.public_key().public_bytes(serialization.Encoding.X962,
+                                         serialization.PublicFormat.CompressedPoint) == pub
+    r0 = vec["receipt"]
+    assert r0["public_key"] == pub.hex()
+    body = {k: v for k, v in r0.items() if k != "signature"}
+    msg = _PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=False).encode()
+    assert msg.hex() == vec["signed_bytes_hex"]
+    sig = bytes.fromhex(r0["signature"])
+    r_int, s_int = int.from_bytes(sig[:32], "big"), int.from_bytes(sig[32:], "big")
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    assert s_int <= n // 2 and f"{r_int:064x}" == vec["r_hex"]
+    point = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256K1(), pub)
+    point.verify(encode_dss_signature(r_int, s_int), msg, ec.ECDSA(hashes.SHA256()))
+    again_r, again_s = decode_dss_signature(key.sign(
+        msg, ec.ECDSA(hashes.SHA256(), deterministic_signing=True)))
+    assert again_r == r_int and min(again_s, n - again_s) == s_int  # RFC 6979: reproducible
+    reasons, passed = rc.check_static(r0)
+    assert not reasons and "signature" in passed
+    bad, _ = rc.check_static(vec["negative"]["receipt"])
+    assert any(vec["negative"]["expect"] in r for r in bad)
+
+
 def test_keys_are_the_fixed_test_seeds(keys: dict[str, Any]) -> None:
     from cryptography.hazmat.primitives import serialization
 
