@@ -51,6 +51,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,6 @@ from broker_schema import (
     ClaimRecord,
     DecodeError,
     EffectRequest,
-    EncodeError,
     InputRecord,
     ResponseRecord,
     SpecRecord,
@@ -75,18 +75,16 @@ from broker_schema import (
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import check_workload_topics, ensure_workload_topics
-from workload_sdk._api import Workload, WorkloadError, module_hash
+from workload_sdk._api import Workload, module_hash
 from workload_sdk._core import (
     Core,
     Item,
     OutRecord,
-    choose_next,
-    due_outcomes,
-    holder_outcome,
     next_due_ms,
 )
 from workload_sdk._kafka_io import read_resume_log, read_topic
 from workload_sdk._replay import out_slots, replay, resume_outputs
+from workload_sdk._round import merge_batch, outcomes_due, tick_due
 from workload_sdk._trim_io import trim_workload
 
 log = logging.getLogger(__name__)
@@ -534,104 +532,65 @@ class LeaseHolder:
         return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
 
     async def _merge_available(self, bufs: dict[str, deque[Item]]) -> None:
+        """Merge what is buffered, one transaction per :func:`~workload_sdk._round.merge_batch`
+        (the decisions are there; this writes them and keeps the books)."""
         core, spec, cfg = self.core, self.spec, self.config
         assert core is not None and spec is not None
         wid = cfg.workload_id
         while True:
-            txn: list[tuple[str, bytes]] = []
-            outs: list[OutRecord] = []
-            out_pos: list[int] = []
-            failure: WorkloadError | None = None
-            while len(txn) < cfg.max_batch:
-                source = choose_next(bufs["in"][0] if bufs["in"] else None,
-                                     bufs["resp"][0] if bufs["resp"] else None,
-                                     input_allowed=core.input_allowed(spec, self._now_resp_ms))
-                if source is None:
-                    break
-                item = bufs[source].popleft()
-                delivered_eid = None
-                record = item.record
-                if isinstance(record, ResponseRecord) and record.effect_id in core.pending:
-                    delivered_eid = record.effect_id
-                try:
-                    applied = core.apply(item, epoch=self.epoch, spec=spec)
-                except WorkloadError as exc:
-                    failure = exc
-                    break
-                skipped, left = self._skipped[source], bufs[source]
-                while skipped and (not left or skipped[0] < left[0].offset):
-                    core.positions[source] = max(core.positions[source], skipped.popleft() + 1)
-                if source == "resp":
-                    self._now_resp_ms = item.time_ms
-                    if isinstance(item.record, TickRecord):
-                        self._tick_inflight_since = None
-                if applied.entry is None:
-                    continue
-                txn.append((topics.merge(wid), encode(applied.entry)))
-                if applied.decision.action == "deliver":
-                    self.stats.steps += 1
-                    if delivered_eid is not None and delivered_eid in self._requests:
-                        self.stats.roundtrips_ms.append(
-                            time.time() * 1000 - self._requests[delivered_eid].time_ms)
-                else:
-                    self.stats.passed_over += 1
-                for out in applied.outputs:
-                    out_pos.append(len(txn))
-                    outs.append(out)
-                    txn.append((topics.out(wid), encode(out)))
-                if applied.snapshot_due:
-                    issued = {o.effect_id for o in outs if isinstance(o, EffectRequest)}
-                    try:
-                        snap = core.snapshot(self.epoch,
-                                             out_position=self._snapshot_out_position(issued))
-                        txn.append((topics.merge(wid), encode(snap)))
-                        self.stats.snapshots += 1
-                    except (ValueError, EncodeError) as exc:
-                        # over the inline limit (64 KiB): resume and replay start from the
-                        # previous snapshot (docs/workloads.md, "Snapshots")
-                        self.stats.snapshots_skipped += 1
-                        log.warning("snapshot at seq %d skipped: %s", core.seq, exc)
-            if txn:
-                metas = await self._write(txn)
-                self.stats.outputs += len(outs)
-                self._note_outputs(outs, [metas[i] for i in out_pos])
-            if failure is not None:
-                raise failure
-            if not txn:
+            batch = merge_batch(core, spec, bufs, epoch=self.epoch,
+                                now_resp_ms=self._now_resp_ms, max_batch=cfg.max_batch,
+                                skipped=self._skipped,
+                                snapshot_out_position=self._snapshot_out_position)
+            self._now_resp_ms = batch.now_resp_ms
+            if batch.tick_merged:
+                self._tick_inflight_since = None
+            for eid in batch.delivered:
+                if eid in self._requests:
+                    self.stats.roundtrips_ms.append(
+                        time.time() * 1000 - self._requests[eid].time_ms)
+            self.stats.steps += batch.steps
+            self.stats.passed_over += batch.passed_over
+            self.stats.snapshots += batch.snapshots
+            self.stats.snapshots_skipped += len(batch.snapshots_skipped)
+            for why in batch.snapshots_skipped:
+                log.warning("%s", why)
+            if batch.records:
+                topic = {"merge": topics.merge(wid), "out": topics.out(wid)}
+                metas = await self._write([(topic[stream], encode(rec))
+                                           for stream, rec in batch.records])
+                self.stats.outputs += len(batch.output_at)
+                self._note_outputs(batch.outputs, [metas[i] for i in batch.output_at])
+            if batch.failure is not None:
+                raise batch.failure
+            if not batch.records:
                 return
 
     async def _judge_and_tick(self) -> None:
         core, cfg = self.core, self.config
         assert core is not None
-        if not core.pending and self._next_due_ms() is None:
-            return
         times = {eid: r.time_ms for eid, r in self._requests.items()}
-        if self._now_resp_ms is not None and core.pending:
-            due = due_outcomes(core.pending.values(), times, self._now_resp_ms,
-                               already_written=self._written_outcomes)
-            if due:
-                records = []
-                for d in due:
-                    p = core.pending[d.effect_id]
-                    records.append(holder_outcome(
-                        p, request_offset=self._requests[d.effect_id].offset, outcome=d.outcome,
-                        holder_id=cfg.holder_id, workload_id=cfg.workload_id))
-                    self._written_outcomes.add(d.effect_id)
-                await self._write([(topics.resp(cfg.workload_id), encode(r)) for r in records])
-                self.stats.outcomes_written += len(records)
-                log.info("wrote %s", ", ".join(f"{d.outcome} for {d.effect_id}" for d in due))
-        nxt = self._next_due_ms()
-        if nxt is None or self._broker_now_estimate() <= nxt:
-            return
-        if (self._tick_inflight_since is not None
-                and time.monotonic() - self._tick_inflight_since < cfg.tick_ms / 1000):
+        records = outcomes_due(core, times, {eid: r.offset for eid, r in self._requests.items()},
+                               already_written=self._written_outcomes,
+                               now_resp_ms=self._now_resp_ms, holder_id=cfg.holder_id,
+                               workload_id=cfg.workload_id)
+        if records:
+            self._written_outcomes.update(r.effect_id for r in records)
+            await self._write([(topics.resp(cfg.workload_id), encode(r)) for r in records])
+            self.stats.outcomes_written += len(records)
+            log.info("wrote %s", ", ".join(f"{r.outcome} for {r.effect_id}" for r in records))
+        in_flight = (self._tick_inflight_since is not None
+                     and time.monotonic() - self._tick_inflight_since < cfg.tick_ms / 1000)
+        if not tick_due(core, times, already_written=self._written_outcomes,
+                        inputs_waiting=self._inputs_waiting, now_resp_ms=self._now_resp_ms,
+                        broker_now_ms=self._broker_now_estimate(), tick_in_flight=in_flight):
             return
         tick = TickRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id)
         await self._write([(topics.resp(cfg.workload_id), encode(tick))])
         self.stats.ticks += 1
         self._tick_inflight_since = time.monotonic()
 
-    def _snapshot_out_position(self, issued_in_txn: set[str]) -> int | None:
+    def _snapshot_out_position(self, issued_in_txn: Set[str]) -> int | None:
         """The lowest ``.out`` offset a resume from a snapshot taken now needs: the request of
         every pending effect, and every output from the snapshot's step on. None (read all of
         ``.out``) if a pending request's offset is not known."""

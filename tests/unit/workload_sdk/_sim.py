@@ -49,16 +49,10 @@ from workload_sdk import (
     emit,
     infer,
 )
-from workload_sdk._core import (
-    Core,
-    Item,
-    choose_next,
-    due_outcomes,
-    holder_outcome,
-    next_due_ms,
-)
+from workload_sdk._core import Core, Item
 from workload_sdk._logview import LogRecord
 from workload_sdk._replay import missing_outputs, replay
+from workload_sdk._round import merge_batch, outcomes_due, tick_due
 
 MODEL = "sha256:" + "ab" * 32
 MODEL2 = "sha256:" + "cd" * 32
@@ -237,48 +231,32 @@ class SimHolder:
             self.fetch[source] = view.end
 
     def pump(self) -> None:
-        """Fetch what is on the log, merge it, judge deadlines, tick when needed."""
+        """Fetch what is on the log, merge it, judge deadlines, tick when needed: the live
+        holder's decisions (:mod:`workload_sdk._round`), over the simulated log."""
         sim, core, spec = self.sim, self.core, self.sim.spec
         self._fetch()
-        txn: list[tuple[str, Any]] = []
-        while True:
-            source = choose_next(self.bufs["in"][0] if self.bufs["in"] else None,
-                                 self.bufs["resp"][0] if self.bufs["resp"] else None,
-                                 input_allowed=core.input_allowed(spec, self.now_resp))
-            if source is None:
-                break
-            item = self.bufs[source].popleft()
-            applied = core.apply(item, epoch=self.epoch, spec=spec)
-            if source == "resp":
-                self.now_resp = item.time_ms
-                if isinstance(item.record, TickRecord):
-                    self.tick_pending = False
-            if applied.entry is not None:
-                txn.append(("merge", applied.entry))
-            txn.extend(("out", o) for o in applied.outputs)
-            if applied.snapshot_due:
-                txn.append(("merge", core.snapshot(self.epoch)))
-        if txn:
-            offsets = sim.write_txn(txn)
-            for (stream, rec), offset in zip(txn, offsets, strict=True):
+        batch = merge_batch(core, spec, self.bufs, epoch=self.epoch, now_resp_ms=self.now_resp,
+                            max_batch=10**9)
+        self.now_resp = batch.now_resp_ms
+        if batch.tick_merged:
+            self.tick_pending = False
+        if batch.failure is not None:
+            raise batch.failure
+        if batch.records:
+            offsets = sim.write_txn(batch.records)
+            for (stream, rec), offset in zip(batch.records, offsets, strict=True):
                 if stream == "out" and isinstance(rec, EffectRequest):
                     self.requests[rec.effect_id] = (offset, sim.now)
         times = {eid: t for eid, (_, t) in self.requests.items()}
-        if self.now_resp is not None:
-            due = due_outcomes(core.pending.values(), times, self.now_resp,
-                               already_written=self.written)
-            if due:
-                recs = []
-                for d in due:
-                    recs.append(("resp", holder_outcome(
-                        core.pending[d.effect_id], request_offset=self.requests[d.effect_id][0],
-                        outcome=d.outcome, holder_id=f"h{self.epoch}", workload_id=WID)))
-                    self.written.add(d.effect_id)
-                sim.write_txn(recs)
-        nxt = next_due_ms(core.pending, times, already_written=self.written,
-                          pacing=core.pacing, inputs_waiting=bool(self.bufs["in"]),
-                          now_resp_ms=self.now_resp)
-        if nxt is not None and nxt < sim.now and not self.tick_pending:
+        records = outcomes_due(core, times, {eid: o for eid, (o, _) in self.requests.items()},
+                               already_written=self.written, now_resp_ms=self.now_resp,
+                               holder_id=f"h{self.epoch}", workload_id=WID)
+        if records:
+            self.written.update(r.effect_id for r in records)
+            sim.write_txn([("resp", r) for r in records])
+        if tick_due(core, times, already_written=self.written,
+                    inputs_waiting=bool(self.bufs["in"]), now_resp_ms=self.now_resp,
+                    broker_now_ms=sim.now, tick_in_flight=self.tick_pending):
             sim.write_txn([("resp", TickRecord(workload_id=WID, epoch=self.epoch,
                                                holder_id=f"h{self.epoch}"))])
             self.tick_pending = True

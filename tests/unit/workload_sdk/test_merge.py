@@ -387,3 +387,48 @@ def test_backpressure_holds_inputs_back_in_broker_time_and_replay_follows_the_lo
     holder.drain()
     result = replay(Asker(), sim.log, use_snapshots=False)
     assert compare_outputs(result, sim.log) == []
+
+
+# ------------------------------------------------------------------------------ the round
+
+
+def test_a_batch_is_bounded_and_the_rest_stays_buffered_for_the_next() -> None:
+    from collections import deque
+
+    from workload_sdk._round import merge_batch
+
+    spec = make_spec(limit=100, snapshot_every=2)
+    core = Core.initial(Asker(), WID)
+    bufs = {"in": deque(_item("in", i, 1000 + i, InputRecord(
+        workload_id=WID, body=InlineBody.of_json(2 * i))) for i in range(10)), "resp": deque()}
+    first = merge_batch(core, spec, bufs, epoch=1, now_resp_ms=None, max_batch=5)
+    # one merge entry and one output per even input, and a snapshot every second step
+    assert [s for s, _ in first.records] == ["merge", "out", "merge", "out", "merge"]
+    assert first.steps == 2 and first.snapshots == 1 and len(bufs["in"]) == 8
+    assert [type(o).__name__ for o in first.outputs] == ["OutputRecord", "OutputRecord"]
+    rest = merge_batch(core, spec, bufs, epoch=1, now_resp_ms=None, max_batch=10**6)
+    assert rest.steps == 8 and not bufs["in"] and core.seq == 10
+    assert merge_batch(core, spec, bufs, epoch=1, now_resp_ms=None, max_batch=5).records == []
+
+
+def test_outcomes_and_ticks_are_judged_on_merged_broker_time() -> None:
+    from workload_sdk._round import outcomes_due, tick_due
+
+    E1 = f"{WID}/0/1@1"
+    core = Core.initial(Asker(), WID)
+    core.pending[E1] = Pending(effect_id=E1, input_offset=0, index=1, epoch=1,
+                                 effect_kind=INFERENCE_KIND, deadline_ms=50)
+    times, offsets = {E1: 1000}, {E1: 3}
+    kw: dict[str, Any] = {"holder_id": "h", "workload_id": WID}
+    assert outcomes_due(core, times, offsets, already_written=set(), now_resp_ms=None,
+                        **kw) == []  # no broker time seen yet
+    assert outcomes_due(core, times, offsets, already_written=set(), now_resp_ms=1049,
+                        **kw) == []
+    (late,) = outcomes_due(core, times, offsets, already_written=set(), now_resp_ms=1051, **kw)
+    assert late.outcome == "timeout" and late.request_offset == 3
+    assert outcomes_due(core, times, offsets, already_written={E1}, now_resp_ms=1051,
+                        **kw) == []
+    tick = {"already_written": set(), "inputs_waiting": False, "now_resp_ms": 1000}
+    assert not tick_due(core, times, broker_now_ms=1050, tick_in_flight=False, **tick)
+    assert tick_due(core, times, broker_now_ms=1051, tick_in_flight=False, **tick)
+    assert not tick_due(core, times, broker_now_ms=1051, tick_in_flight=True, **tick)

@@ -1,0 +1,159 @@
+"""The lease holder's decisions, one round at a time: pure functions, no I/O.
+
+The live holder (:mod:`workload_sdk._holder`) and the test simulator
+(``tests/unit/workload_sdk/_sim.py``, from which the golden logs are generated) both call these,
+so what the golden logs show is what the holder does, not what a copy of it does; replay
+(:mod:`workload_sdk._replay`) drives the same :class:`~workload_sdk._core.Core`:
+
+- :func:`merge_batch`: what goes into one transaction: which buffered record is merged next
+  (:func:`~workload_sdk._core.choose_next`, with the outstanding limit and the backpressure
+  pause), the merge entries, the step's outputs, and where snapshots go;
+- :func:`outcomes_due`: the ``timeout``/``unknown`` records to write for pending effects, judged
+  against the broker time of the latest ``.resp`` record merged;
+- :func:`tick_due`: whether to append a tick (a clock marker) so that broker time moves when a
+  deadline, a lease end or a backpressure pause is passed and nothing else would show it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_schema import EffectRequest, EncodeError, ResponseRecord, SpecRecord, TickRecord
+from workload_sdk._api import WorkloadError
+from workload_sdk._core import (
+    Core,
+    Item,
+    OutRecord,
+    choose_next,
+    due_outcomes,
+    holder_outcome,
+    next_due_ms,
+)
+
+__all__ = ["MergedBatch", "merge_batch", "outcomes_due", "tick_due"]
+
+
+@dataclass
+class MergedBatch:
+    """One transaction's worth of merging: ``records`` in write order, as ``(stream, record)``
+    with stream ``merge`` (merge entries and snapshots) or ``out`` (the step's outputs)."""
+
+    records: list[tuple[str, Any]] = field(default_factory=list)
+    #: the step outputs among ``records`` (their indexes in ``records``, in order)
+    output_at: list[int] = field(default_factory=list)
+    #: effect ids whose answer a step saw in this batch
+    delivered: list[str] = field(default_factory=list)
+    steps: int = 0
+    passed_over: int = 0
+    snapshots: int = 0
+    #: snapshots not written because they did not fit inline (64 KiB), with why
+    snapshots_skipped: list[str] = field(default_factory=list)
+    #: broker time of the latest ``.resp`` record merged (the clock outcomes are judged on)
+    now_resp_ms: int | None = None
+    #: a tick was merged (the holder's own clock marker came back)
+    tick_merged: bool = False
+    #: the step broke a rule: the records before it are still to be written, then it goes up
+    failure: WorkloadError | None = None
+
+    @property
+    def outputs(self) -> list[OutRecord]:
+        """The step outputs of the batch, in order."""
+        return [self.records[i][1] for i in self.output_at]
+
+
+def merge_batch(
+    core: Core,
+    spec: SpecRecord,
+    bufs: Mapping[str, deque[Item]],
+    *,
+    epoch: int,
+    now_resp_ms: int | None,
+    max_batch: int,
+    skipped: Mapping[str, deque[int]] | None = None,
+    snapshot_out_position: Callable[[Set[str]], int | None] | None = None,
+) -> MergedBatch:
+    """Merge buffered records into ``core`` until ``max_batch`` records are to be written or
+    nothing can be merged (``bufs`` are consumed from the left; ``core`` advances).
+
+    ``skipped`` (holder): offsets of undecodable records behind records still buffered; the read
+    position passes them once everything before them is merged. ``snapshot_out_position``
+    (holder): the lowest ``.out`` offset a resume from a snapshot taken now needs, given the
+    requests issued in this batch (see :meth:`Core.snapshot`); None records no ``out``
+    position."""
+    batch = MergedBatch(now_resp_ms=now_resp_ms)
+    while len(batch.records) < max_batch:
+        source = choose_next(bufs["in"][0] if bufs["in"] else None,
+                             bufs["resp"][0] if bufs["resp"] else None,
+                             input_allowed=core.input_allowed(spec, batch.now_resp_ms))
+        if source is None:
+            break
+        item = bufs[source].popleft()
+        record = item.record
+        delivered = (record.effect_id if isinstance(record, ResponseRecord)
+                     and record.effect_id in core.pending else None)
+        try:
+            applied = core.apply(item, epoch=epoch, spec=spec)
+        except WorkloadError as exc:
+            batch.failure = exc
+            break
+        if skipped is not None:
+            waiting, left = skipped[source], bufs[source]
+            while waiting and (not left or waiting[0] < left[0].offset):
+                core.positions[source] = max(core.positions[source], waiting.popleft() + 1)
+        if source == "resp":
+            batch.now_resp_ms = item.time_ms
+            if isinstance(record, TickRecord):
+                batch.tick_merged = True
+        if applied.entry is None:
+            continue
+        batch.records.append(("merge", applied.entry))
+        if applied.decision.action == "deliver":
+            batch.steps += 1
+            if delivered is not None:
+                batch.delivered.append(delivered)
+        else:
+            batch.passed_over += 1
+        for out in applied.outputs:
+            batch.output_at.append(len(batch.records))
+            batch.records.append(("out", out))
+        if applied.snapshot_due:
+            issued = {o.effect_id for o in batch.outputs if isinstance(o, EffectRequest)}
+            position = None if snapshot_out_position is None else snapshot_out_position(issued)
+            try:
+                batch.records.append(("merge", core.snapshot(epoch, out_position=position)))
+                batch.snapshots += 1
+            except (ValueError, EncodeError) as exc:
+                # over the inline limit (64 KiB): resume and replay start from the previous
+                # snapshot (docs/workloads.md, "Snapshots")
+                batch.snapshots_skipped.append(f"snapshot at seq {core.seq} skipped: {exc}")
+    return batch
+
+
+def outcomes_due(core: Core, request_times: Mapping[str, int],
+                 request_offsets: Mapping[str, int], *, already_written: Set[str],
+                 now_resp_ms: int | None, holder_id: str,
+                 workload_id: str) -> list[ResponseRecord]:
+    """The ``timeout``/``unknown`` records due for ``core``'s pending effects at broker time
+    ``now_resp_ms`` (none before any ``.resp`` record was merged), not already written."""
+    if now_resp_ms is None or not core.pending:
+        return []
+    due = due_outcomes(core.pending.values(), request_times, now_resp_ms,
+                       already_written=already_written)
+    return [holder_outcome(core.pending[d.effect_id], request_offset=request_offsets[d.effect_id],
+                           outcome=d.outcome, holder_id=holder_id, workload_id=workload_id)
+            for d in due]
+
+
+def tick_due(core: Core, request_times: Mapping[str, int], *, already_written: Set[str],
+             inputs_waiting: bool, now_resp_ms: int | None, broker_now_ms: float,
+             tick_in_flight: bool) -> bool:
+    """Whether to append a tick: broker time (``broker_now_ms``, the holder's estimate) is past
+    the next due time (:func:`~workload_sdk._core.next_due_ms`), and no tick of ours is still on
+    its way back."""
+    nxt = next_due_ms(core.pending, request_times, already_written=already_written,
+                      pacing=core.pacing, inputs_waiting=inputs_waiting,
+                      now_resp_ms=now_resp_ms)
+    return nxt is not None and broker_now_ms > nxt and not tick_in_flight
