@@ -78,12 +78,20 @@ class SamplingParams:
     def parse(cls, params: dict[str, Any]) -> SamplingParams:
         t = to_q16(params.get("temperature", 0), "temperature")
         p = to_q16(params.get("top_p", 1), "top_p")
-        k = int(params.get("top_k", 0))
-        seed = int(params.get("seed", 0))
+        k = _whole(params.get("top_k", 0), "top_k", 0, 1 << 31)
+        seed = _whole(params.get("seed", 0), "seed", 0, (1 << 64) - 1)
         return cls(temperature_q16=t, top_k=k, top_p_q16=p, seed=seed)
 
     def canonical(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+def _whole(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` when it is an integer in ``[lo, hi]`` (not a bool, not a float); ValueError
+    otherwise (``top_k: true`` or ``3.9`` are refused, never read as 1 or 3)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
+    return value
 
 
 def greedy(logits: npt.NDArray[np.int64]) -> int:

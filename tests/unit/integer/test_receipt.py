@@ -46,7 +46,11 @@ def test_engine_refuses_wrong_hash(synth_path: Path) -> None:
 def test_params_validation(synth_engine: IntegerEngine) -> None:
     for bad in ({}, {"prompt": "x", "prompt_tokens": [1]}, {"prompt": "x", "max_tokens": 0},
                 {"prompt": "x", "bogus": 1}, {"prompt_tokens": [10**6]},
-                {"prompt": "x", "top_p": 0}, {"prompt": "x", "temperature": -1}):
+                {"prompt": "x", "top_p": 0}, {"prompt": "x", "temperature": -1},
+                # never read loosely: a bool or a float is not an integer parameter
+                {"prompt": "x", "top_k": True}, {"prompt": "x", "top_k": 3.9},
+                {"prompt": "x", "seed": -1}, {"prompt": "x", "seed": 2**64},
+                {"prompt": "x", "seed": "7"}):
         with pytest.raises(ParamError):
             synth_engine.run(bad)
 
