@@ -27,6 +27,7 @@ from workload_sdk._api import (
     state_bytes,
     state_hash,
 )
+from workload_sdk._audit import AuditReport, InvariantResult, audit
 from workload_sdk._core import Core, Decision, Item, choose_next, due_outcomes
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, transactional_id_for
@@ -38,6 +39,7 @@ from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why
 
 __all__ = [
+    "AuditReport",
     "Core",
     "Decision",
     "DiffReport",
@@ -49,6 +51,7 @@ __all__ = [
     "HolderConfig",
     "HolderElection",
     "InputEvent",
+    "InvariantResult",
     "Item",
     "LeaseHolder",
     "LogGap",
@@ -66,6 +69,7 @@ __all__ = [
     "WorkloadError",
     "WorkloadLog",
     "actuate",
+    "audit",
     "choose_next",
     "diff",
     "due_outcomes",

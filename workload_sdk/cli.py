@@ -1,10 +1,15 @@
-"""``fx workload``, ``fx replay``, ``fx why`` and ``fx trim``.
+"""``fx workload``, ``fx replay``, ``fx why``, ``fx trim`` and ``fx audit``.
 
 Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a rule
 (:class:`WorkloadError`); 3 a record replay needs is trimmed, missing or undecodable (``LogGap``),
 or a holder was fenced; 4 no spec / module mismatch, the fold disagrees with the merge log, or a
 workload topic's configuration is refused (``TopicConfigError``: producer-clock timestamps, or
 retention shorter than the audit horizon).
+
+``fx audit``: 0 every invariant checked holds (a skipped replay is said, not failed); 1 an
+invariant is violated; 2 a usage or read error (a bad ``--module`` or ``--fleet-key``, a broker
+that cannot be read); 3 no violation, but a record a check needs is trimmed, missing or
+undecodable (as for ``fx replay``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
-from workload_sdk._logview import LogGap
+from workload_sdk._logview import LogGap, WorkloadLog
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
 from workload_sdk._trim_io import trim_workload
@@ -302,11 +307,105 @@ def _trim(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------- fx audit
+
+EXIT_AUDIT_VIOLATION = 1
+EXIT_AUDIT_USAGE = 2
+#: Reads of the log before ``fx audit`` gives up waiting for ``.merge`` to stop growing.
+AUDIT_READS = 3
+
+
+async def _read_audit_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog, bool]:
+    """The committed log for an audit, read in the order that keeps it consistent with a live
+    holder: ``.merge`` first (whatever an entry names was appended before it), then ``.out``,
+    ``.in`` and ``.resp``, then ``.claims`` (every epoch used is claimed before), then ``.spec``
+    (every spec a claim names is older). Read again (up to :data:`AUDIT_READS` times) while
+    ``.merge`` grew during the read; returns the log and whether it was settled."""
+    from fx_kafka.client import make_consumer
+    from workload_sdk._kafka_io import read_facts, read_topic
+    from workload_sdk._logview import STREAMS
+
+    def topic(stream: str) -> str:
+        return topics.stream(workload_id, stream)
+
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        present = await consumer.topics()
+    finally:
+        await consumer.stop()
+    absent = [topic(s) for s in STREAMS if topic(s) not in present]
+    if absent:  # reading one would wait out the client's request timeout
+        raise LookupError(f"no workload {workload_id!r} on this broker: no topic "
+                          f"{', '.join(absent)} (or this client may not describe it)")
+    settled = False
+    for _ in range(AUDIT_READS):
+        log = WorkloadLog.empty(workload_id)
+        log.views["merge"] = await read_topic(bootstrap, topic("merge"))
+        log.views["out"] = await read_topic(bootstrap, topic("out"))
+        log.views["in"], log.views["resp"] = await asyncio.gather(
+            read_topic(bootstrap, topic("in")), read_topic(bootstrap, topic("resp")))
+        log.views["claims"] = await read_topic(bootstrap, topic("claims"))
+        log.views["spec"] = await read_topic(bootstrap, topic("spec"))
+        tail = await read_topic(bootstrap, topic("merge"), start=log["merge"].end)
+        if tail.end <= log["merge"].end:
+            settled = True
+            break
+    log.facts = await read_facts(bootstrap)
+    return log, settled
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
+
+    from fx_kafka.keys import fleet_public_keys, read_history
+    from workload_sdk._audit import audit, render_report
+
+    try:
+        fleet = fleet_public_keys(args.fleet_key)
+    except ValueError as exc:
+        print(f"fx audit: --fleet-key: {exc}", file=sys.stderr)
+        return EXIT_AUDIT_USAGE
+    workload = None
+    if args.module:
+        try:
+            workload = load_workload(args.module)
+        except (ImportError, AttributeError, TypeError, ValueError, SyntaxError) as exc:
+            print(f"fx audit: --module {args.module}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return EXIT_AUDIT_USAGE
+    try:
+        bootstrap = _bootstrap(args)
+    except SystemExit as exc:  # no broker named: a usage error (exit 2), not a violation
+        print(f"fx audit: {exc}", file=sys.stderr)
+        return EXIT_AUDIT_USAGE
+    try:
+        log, settled = asyncio.run(_read_audit_log(bootstrap, args.id))
+        history = asyncio.run(read_history(bootstrap, fleet)) if fleet else None
+    except LookupError as exc:
+        print(f"fx audit: {exc}", file=sys.stderr)
+        return EXIT_AUDIT_USAGE
+    except (KafkaError, TimeoutError, OSError) as exc:
+        print(f"fx audit: cannot read the log of {args.id}: {exc!r}", file=sys.stderr)
+        return EXIT_AUDIT_USAGE
+    report = audit(log, workload, key_history=history, clock_skew_ms=args.clock_skew_ms,
+                   merge_settled=settled)
+    if not settled:
+        report.notes.append(f"{topics.stream(args.id, 'merge')} grew while it was read "
+                            f"{AUDIT_READS} times (a live holder): outputs past the end of the "
+                            "merge log as read were not judged")
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        print(render_report(report))
+    return {"ok": 0, "violated": EXIT_AUDIT_VIOLATION, "gap": EXIT_GAP}[report.result]
+
+
 # -------------------------------------------------------------------------------- register
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``fx workload``, ``fx replay``, ``fx why`` and ``fx trim``."""
+    """Add ``fx workload``, ``fx replay``, ``fx why``, ``fx trim`` and ``fx audit``."""
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 
@@ -392,6 +491,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tr.add_argument("--json", action="store_true")
     bootstrap_arg(tr)
     tr.set_defaults(func=_trim)
+
+    au = subparsers.add_parser("audit", help="check every invariant of a workload's log "
+                               "(answers, .out slots, epochs, signatures, merge order, replay)")
+    au.add_argument("id")
+    au.add_argument("--module", help="MODULE:Class: replay with it from the start and from "
+                    "each snapshot (without it the replay check is skipped, and says so)")
+    au.add_argument("--json", action="store_true")
+    au.add_argument("--fleet-key", action="append", default=[],
+                    help="fleet public key (base64/hex; default $FX_FLEET_PUBLIC_KEY): check "
+                         "signatures against the node keys it certified on sys.keys, not "
+                         "against sys.facts")
+    au.add_argument("--clock-skew-ms", type=int, default=0, metavar="MS",
+                    help="how far the brokers' clocks may differ (epoch check by append time; "
+                    "default 0, one broker)")
+    bootstrap_arg(au)
+    au.set_defaults(func=_audit)
 
 
 def main(argv: list[str] | None = None) -> int:
