@@ -376,6 +376,11 @@ class ClaimRecord(_Model):
     spec_hash: Hash
     #: Offset of the spec record on ``wl.<id>.spec`` that ``spec_hash`` names.
     spec_offset: Offset
+    #: None: the epoch's claim, its spec in force from the epoch's first step. Set: a spec
+    #: *adoption* by the holder of this epoch (same epoch, a newer spec), in force from step
+    #: ``from_seq`` on (:mod:`broker_schema.binding`). Left out of the canonical bytes when
+    #: None, so claims written before the field existed keep their bytes and hash.
+    from_seq: Offset | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class OutputRecord(_Model):

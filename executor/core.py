@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from broker_schema import topics
+from broker_schema.binding import spec_in_force
 from broker_schema.records import (
     AcceptedRecord,
     Body,
@@ -81,9 +82,26 @@ class WorkloadView:
     """What the executor knows of one workload from ``.claims`` and ``.spec``."""
 
     highest_epoch: int = 0
+    #: The latest spec on ``wl.<id>.spec`` (a spec read again at a lower offset is ignored).
     spec: SpecRecord | None = None
-    #: Offset of ``spec`` on ``wl.<id>.spec``; a spec read again at a lower offset is ignored.
     spec_offset: int = -1
+    #: Every claim seen, in log order, and every spec by offset: which spec binds a request is
+    #: the one rule of :mod:`broker_schema.binding` (the holder's claim or spec adoption in
+    #: force at the request's step), so executor and holder agree on every offset.
+    claims: list[ClaimRecord] = field(default_factory=list)
+    specs: dict[int, SpecRecord] = field(default_factory=dict)
+
+    def binding(self, epoch: int, input_offset: int) -> tuple[int, SpecRecord] | None:
+        """The spec (and its offset) binding step ``input_offset`` of ``epoch``: the rule of
+        :func:`broker_schema.binding.spec_in_force`; the latest spec when this executor has
+        seen no claim of that epoch (nothing to disagree with); None without any spec."""
+        found = spec_in_force(self.claims, self.specs, epoch, input_offset)
+        if found is not None:
+            claim, spec = found
+            return claim.spec_offset, spec
+        if self.spec is None:
+            return None
+        return self.spec_offset, self.spec
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,8 @@ class ExecutorState:
     def observe_claim(self, claim: ClaimRecord) -> bool:
         """Record a lease claim; True when it raised the workload's highest epoch."""
         view = self.workload(claim.workload_id)
+        if claim not in view.claims:
+            view.claims.append(claim)
         if claim.epoch > view.highest_epoch:
             view.highest_epoch = claim.epoch
             return True
@@ -170,6 +190,7 @@ class ExecutorState:
     def observe_spec(self, spec: SpecRecord, offset: int) -> bool:
         """Record a spec read at ``offset`` of ``.spec``; the latest offset wins. True if used."""
         view = self.workload(spec.workload_id)
+        view.specs[offset] = spec
         if offset <= view.spec_offset:
             return False
         view.spec, view.spec_offset = spec, offset
@@ -257,17 +278,19 @@ def decide(
         return refuse(
             "stale_epoch", f"request epoch {header.epoch} < highest claim {view.highest_epoch}"
         )
-    spec = view.spec
-    if spec is None:
+    bound_by = view.binding(header.epoch, header.input_offset)
+    if bound_by is None:
         return refuse("no_spec", f"no spec seen for workload {header.workload_id}")
+    spec_offset, spec = bound_by
     if kind not in spec.effect_kinds:
-        return refuse("kind_unbound", f"spec at offset {view.spec_offset} does not bind {kind}")
+        return refuse("kind_unbound", f"spec at offset {spec_offset} does not bind {kind}")
     if request.model is not None:
         bound = spec.models_at(header.input_offset)
         if request.model not in bound.values():
             return refuse(
                 "model_unbound",
-                f"{request.model} is not bound at input offset {header.input_offset}",
+                f"{request.model} is not bound at input offset {header.input_offset} (spec at "
+                f"offset {spec_offset})",
             )
     problem = input_problem(request, spec)
     if problem is not None:

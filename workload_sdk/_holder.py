@@ -72,6 +72,7 @@ from broker_schema import (
     record_hash,
     topics,
 )
+from broker_schema.binding import switch_problem
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import check_workload_topics, ensure_workload_topics
@@ -148,6 +149,10 @@ class HolderStats:
     resumed_from: dict[str, int] = field(default_factory=dict)
     #: In-process restarts from the log after a broker outage or a coordinator fence.
     broker_restarts: int = 0
+    #: Specs appended while running: adopted from a later step, or refused (they would have
+    #: rebound a step already taken).
+    specs_adopted: int = 0
+    specs_refused: int = 0
     #: Periodic trims run (``HolderConfig.trim_every_s``), and those that failed.
     trims: int = 0
     trims_failed: int = 0
@@ -161,7 +166,7 @@ def check_restart(claims: list[ClaimRecord], *, epoch: int, holder_id: str,
     claim exists; after a fence (``fenced``) also unless the highest claim is its own: then the
     fence came from the transaction coordinator (a transaction aborted on timeout), not from a
     successor. A committed claim is unique per epoch (claims are written transactionally)."""
-    highest = max(claims, key=lambda c: c.epoch, default=None)
+    highest = _highest(claims)
     if highest is not None and highest.epoch > epoch:
         raise Replaced(f"epoch {highest.epoch} was claimed by {highest.holder_id} after this "
                        f"holder's epoch {epoch}")
@@ -176,11 +181,17 @@ def rejoin_epoch(claims: list[ClaimRecord], *, epoch: int, holder_id: str,
     must claim anew (its claim never committed, or the spec changed). Raises :class:`Replaced`
     when a higher claim exists."""
     check_restart(claims, epoch=epoch, holder_id=holder_id, fenced=False)
-    highest = max(claims, key=lambda c: c.epoch, default=None)
+    highest = _highest(claims)
     if (highest is not None and (highest.epoch, highest.holder_id) == (epoch, holder_id)
             and highest.spec_offset == spec_offset):
         return epoch
     return None
+
+
+def _highest(claims: list[ClaimRecord]) -> ClaimRecord | None:
+    """The latest claim of the highest epoch (its holder's latest spec adoption, if any)."""
+    top = max((c.epoch for c in claims), default=None)
+    return None if top is None else [c for c in claims if c.epoch == top][-1]
 
 
 def _claims_of(view: Any) -> list[ClaimRecord]:
@@ -240,6 +251,8 @@ class LeaseHolder:
         self._tick_inflight_since: float | None = None
         #: inputs are buffered behind the merge (the outstanding limit or a backpressure pause)
         self._inputs_waiting = False
+        #: offset on ``.spec`` of the spec in force (claimed or adopted)
+        self._spec_offset = -1
         self._producer: Any = None
         self._out_end = 0  # offset after the last committed .out record this holder knows
         # offsets of records skipped (undecodable, wrong kind) behind records still buffered:
@@ -261,6 +274,7 @@ class LeaseHolder:
         if spec is None:
             raise NoSpec(f"no spec on {spec_view.topic}")
         spec_offset, self.spec = spec
+        self._spec_offset = spec_offset
         if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
             raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
                          f"{self.spec.module_hash} (spec at offset {spec_offset})")
@@ -451,9 +465,11 @@ class LeaseHolder:
             await consumer.start()
             tp_in = TopicPartition(topics.inputs(cfg.workload_id), 0)
             tp_resp = TopicPartition(topics.resp(cfg.workload_id), 0)
-            consumer.assign([tp_in, tp_resp])
+            tp_spec = TopicPartition(topics.spec(cfg.workload_id), 0)
+            consumer.assign([tp_in, tp_resp, tp_spec])
             consumer.seek(tp_in, self.core.positions["in"])
             consumer.seek(tp_resp, self.core.positions["resp"])
+            consumer.seek(tp_spec, self._spec_offset + 1)  # specs written from now on
             self.ready.set()
             if cfg.trim_every_s is not None:
                 trimmer = asyncio.create_task(self._trim_loop(cfg.trim_every_s, stop))
@@ -502,6 +518,10 @@ class LeaseHolder:
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=self._poll_timeout_ms())
             for tp, msgs in batch.items():
+                if tp not in topic_source:  # .spec: a binding change to adopt, or refuse
+                    for msg in msgs:
+                        await self._spec_written(msg.offset, msg.value)
+                    continue
                 source = topic_source[tp]
                 for msg in msgs:
                     item = self._decode(source, msg)
@@ -515,6 +535,35 @@ class LeaseHolder:
             self._inputs_waiting = bool(bufs["in"])
             await self._judge_and_tick()
         log.info("holder of %s stopping at seq %d", cfg.workload_id, core.seq)
+
+    async def _spec_written(self, offset: int, value: bytes) -> None:
+        """A spec appended to ``.spec`` while this holder runs (``fx upgrade``/``fx rollback``):
+        adopt it from the next step by writing a claim of this epoch that names it
+        (``from_seq``; the rule is :mod:`broker_schema.binding`), or refuse it, logged and
+        counted, when it would rebind a step already taken (:func:`switch_problem`)."""
+        core, cfg = self.core, self.config
+        assert core is not None and self.spec is not None
+        try:
+            record = decode(value)
+        except DecodeError as exc:
+            log.warning("skipping undecodable record on .spec@%d: %s", offset, exc)
+            return
+        if not isinstance(record, SpecRecord) or record.workload_id != cfg.workload_id:
+            return
+        problem = switch_problem(self.spec, record, core.seq)
+        if problem is not None:
+            self.stats.specs_refused += 1
+            log.error("spec at %s@%d not adopted: %s", topics.spec(cfg.workload_id), offset,
+                      problem)
+            return
+        adoption = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch,
+                               holder_id=cfg.holder_id, spec_hash=record_hash(record),
+                               spec_offset=offset, from_seq=core.seq)
+        await self._write([(topics.claims(cfg.workload_id), encode(adoption))])
+        self.spec, self._spec_offset = record, offset
+        self.stats.specs_adopted += 1
+        log.info("adopted the spec at .spec@%d from step %d (models at it: %s)", offset,
+                 core.seq, record.models_at(core.seq))
 
     def _decode(self, source: str, msg: Any) -> Item | None:
         assert self.core is not None

@@ -25,6 +25,7 @@ from broker_schema import (
     decode,
     topics,
 )
+from broker_schema.binding import claim_in_force
 from broker_schema.topics import check_workload_id
 
 #: The per-workload streams, by their short name.
@@ -140,6 +141,29 @@ class WorkloadLog:
             raise LogGap(self.views["spec"].topic, claim.spec_offset, "missing",
                          "the claim names a record that is not a spec")
         return claim.spec_offset, spec
+
+    def claims(self) -> list[ClaimRecord]:
+        """Every claim on ``.claims``, in log order."""
+        view = self.views["claims"]
+        out = []
+        for rec in view:
+            claim = rec.decode(view.topic)
+            if isinstance(claim, ClaimRecord):
+                out.append(claim)
+        return out
+
+    def spec_for_step(self, epoch: int, seq: int) -> tuple[int, SpecRecord, ClaimRecord]:
+        """The spec binding step ``seq`` of ``epoch`` (:func:`broker_schema.binding.claim_in_force`:
+        the epoch's last claim or spec adoption from a step at or before ``seq``), its offset on
+        ``.spec``, and the claim that put it in force."""
+        claim = claim_in_force(self.claims(), epoch, seq)
+        if claim is None:
+            raise LogGap(self.views["claims"].topic, -1, "missing", f"no claim for epoch {epoch}")
+        spec = self.views["spec"].get(claim.spec_offset)
+        if not isinstance(spec, SpecRecord):
+            raise LogGap(self.views["spec"].topic, claim.spec_offset, "missing",
+                         "the claim names a record that is not a spec")
+        return claim.spec_offset, spec, claim
 
     # -- JSONL ---------------------------------------------------------------------------------
     def to_jsonl(self, path: Path) -> None:

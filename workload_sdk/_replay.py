@@ -24,6 +24,7 @@ from broker_schema import (
     decode,
     encode,
 )
+from broker_schema.binding import claim_in_force
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._core import Core, Item, OutRecord
 from workload_sdk._logview import LogGap, WorkloadLog
@@ -113,14 +114,21 @@ def _item(log: WorkloadLog, entry: MergeEntry) -> Item:
 
 
 class _Specs:
+    """The spec in force at each step (:meth:`WorkloadLog.spec_for_step`), the claims read
+    once."""
+
     def __init__(self, log: WorkloadLog) -> None:
         self._log = log
+        self._claims = log.claims()
         self._cache: dict[int, SpecRecord] = {}
 
-    def __call__(self, epoch: int) -> SpecRecord:
-        spec = self._cache.get(epoch)
+    def __call__(self, epoch: int, seq: int) -> SpecRecord:
+        claim = claim_in_force(self._claims, epoch, seq)
+        if claim is None:
+            return self._log.spec_for_step(epoch, seq)[1]  # raises the LogGap
+        spec = self._cache.get(claim.spec_offset)
         if spec is None:
-            spec = self._cache[epoch] = self._log.spec_for_epoch(epoch)[1]
+            spec = self._cache[claim.spec_offset] = self._log.spec_for_step(epoch, seq)[1]
         return spec
 
 
@@ -175,7 +183,7 @@ def replay(
             decided = f"{decision.action}/{decision.reason or '-'}"
             raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
                               f"{record.source_offset}, the fold decides {decided}")
-        applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch))
+        applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
         result.entries += 1
         result.last_epoch = record.epoch
         if applied.decision.action == "deliver":
@@ -291,7 +299,7 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
                              f"{record.effect_id}, a request the new code never issued")
             return report
         try:
-            applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch))
+            applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
         except WorkloadError as exc:
             report.kind = "error"
             report.detail = str(exc)

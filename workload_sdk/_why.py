@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker_schema import (
+    ClaimRecord,
     EffectRequest,
     FactsRecord,
     InlineBody,
@@ -113,6 +114,14 @@ def _certified(resp: ResponseRecord, node: str, history: KeyHistory,
     return out
 
 
+def _claim_offset(log: WorkloadLog, claim: ClaimRecord) -> int:
+    view = log["claims"]
+    for rec in view:
+        if rec.decode(view.topic) == claim:
+            return rec.offset
+    return -1
+
+
 def _body(body: Any) -> dict[str, Any]:
     data: dict[str, Any] = body.model_dump(mode="json")
     if isinstance(body, InlineBody):
@@ -168,15 +177,21 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
 
     def step_node(seq: int, epoch: int, hops: int) -> dict[str, Any]:
         steps_seen.append(seq)
-        claim_offset, claim = log.claim_for_epoch(epoch)
-        spec_offset, spec = log.spec_for_epoch(epoch)
+        # the binding in force at this step, by the one rule (broker_schema.binding): the
+        # epoch's claim, or the spec adoption by its holder that was in force at ``seq``
+        spec_offset, spec, claim = log.spec_for_step(epoch, seq)
+        claim_offset = _claim_offset(log, claim)
+        switch = max((s.at_input_offset for s in spec.binding_switches
+                      if s.at_input_offset <= seq), default=None)
         node: dict[str, Any] = {
             "seq": seq,
             "epoch": epoch,
             "claim": {"offset": claim_offset, "holder_id": claim.holder_id,
-                      "spec_offset": claim.spec_offset, "spec_hash": claim.spec_hash},
+                      "spec_offset": claim.spec_offset, "spec_hash": claim.spec_hash,
+                      "from_seq": claim.from_seq},
             "spec": {"offset": spec_offset, "module_hash": spec.module_hash,
-                     "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq)},
+                     "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq),
+                     "binding_switch_at": switch},
         }
         if seq not in by_seq:
             merge = log["merge"]
@@ -281,8 +296,12 @@ def render_tree(tree: dict[str, Any]) -> str:
         c, s, m = node["claim"], node["spec"], node["merge"]
         lines.append(f"{pad}└ step seq {node['seq']} epoch {node['epoch']} "
                      f"(merge @{m['offset']}: {m['source']}@{m['source_offset']})")
+        adopted = "" if c.get("from_seq") is None else f" (adopted from step {c['from_seq']})"
+        switched = ("" if s.get("binding_switch_at") is None
+                    else f", binding switched at input offset {s['binding_switch_at']}")
         lines.append(f"{pad}  claim @{c['offset']} holder {c['holder_id']} -> spec "
-                     f"@{s['offset']} module {s['module_hash'][:19]}… models {s['models']}")
+                     f"@{s['offset']}{adopted} module {s['module_hash'][:19]}… models "
+                     f"{s['models']}{switched}")
         if "input" in node:
             i = node["input"]
             lines.append(f"{pad}  input {i['topic']}@{i['offset']} t={i['time_ms']} "

@@ -405,7 +405,11 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``fx workload``, ``fx replay``, ``fx why``, ``fx trim`` and ``fx audit``."""
+    """Add ``fx workload``, ``fx replay``, ``fx why``, ``fx trim``, ``fx audit``,
+    ``fx upgrade`` and ``fx rollback``."""
+    from workload_sdk._bindings import register as register_bindings
+
+    register_bindings(subparsers)
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 

@@ -102,7 +102,7 @@ records: st.SearchStrategy[Any] = st.one_of(
               outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets,
               chunks_from=st.lists(workload_ids, max_size=2).map(tuple)),
     st.builds(bs.ClaimRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids,
-              spec_hash=hashes, spec_offset=offsets),
+              spec_hash=hashes, spec_offset=offsets, from_seq=st.none() | offsets),
     st.builds(bs.OutputRecord, header=headers, body=bodies),
     st.builds(bs.EffectRequest, header=headers, effect_kind=kinds, model=st.none() | hashes,
               params=st.dictionaries(st.text(max_size=8), json_values, max_size=4),

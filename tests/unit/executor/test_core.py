@@ -99,17 +99,38 @@ def test_no_spec() -> None:
     assert refusal_code(run(st, request(WL, M1))) == "no_spec"
 
 
+def _adopt(st: ExecutorState, spec_offset: int, from_seq: int, epoch: int = 2) -> None:
+    st.observe_claim(claim(WL, epoch).model_copy(update={"spec_offset": spec_offset,
+                                                         "from_seq": from_seq}))
+
+
 def test_kind_unbound() -> None:
     st = state()
     st.observe_spec(spec(WL, {"m": M1}, kinds=("acme:other/thing@1.0.0",)), offset=1)
+    _adopt(st, 1, from_seq=0)
     assert refusal_code(run(st, request(WL, M1, epoch=2))) == "kind_unbound"
 
 
-def test_latest_spec_by_offset_wins() -> None:
+def test_the_spec_the_holder_put_in_force_binds_not_the_latest() -> None:
+    # one rule with the holder (broker_schema.binding): a spec appended but not adopted by the
+    # holder of the request's epoch binds nothing yet; adopted from step 5, it binds 5 and on
     st = state()
     st.observe_spec(spec(WL, {"m": M2}), offset=5)
     assert not st.observe_spec(spec(WL, {"m": M1}), offset=3)  # older offset read late
-    assert refusal_code(run(st, request(WL, M1, epoch=2))) == "model_unbound"
+    assert isinstance(run(st, request(WL, M1, epoch=2)), Admit)  # the claim's spec (offset 0)
+    _adopt(st, 5, from_seq=5)
+    assert isinstance(run(st, request(WL, M1, epoch=2, input_offset=4, index=1)), Admit)
+    d = run(st, request(WL, M1, epoch=2, input_offset=5))
+    assert refusal_code(d) == "model_unbound"
+    assert isinstance(run(st, request(WL, M2, epoch=2, input_offset=6)), Admit)
+
+
+def test_without_a_claim_of_the_epoch_the_latest_spec_binds() -> None:
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    st.observe_spec(spec(WL, {"m": M2}), offset=1)
+    assert refusal_code(run(st, request(WL, M1, epoch=1))) == "model_unbound"
+    assert isinstance(run(st, request(WL, M2, epoch=1)), Admit)
     assert isinstance(run(st, request(WL, M2, epoch=2)), Admit)
 
 
@@ -119,6 +140,7 @@ def test_model_unbound_follows_binding_switches() -> None:
         update={"binding_switches": (BindingSwitch(at_input_offset=100, models={"m": M2}),)}
     )
     st.observe_spec(switched, offset=1)
+    _adopt(st, 1, from_seq=0)
     assert isinstance(run(st, request(WL, M1, epoch=2, input_offset=99)), Admit)
     assert refusal_code(run(st, request(WL, M1, epoch=2, input_offset=100))) == "model_unbound"
     assert isinstance(run(st, request(WL, M2, epoch=2, input_offset=100)), Admit)

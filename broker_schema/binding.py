@@ -1,0 +1,63 @@
+"""Which spec binds a step: one rule for the lease holder, replay, ``fx why`` and the executor.
+
+A workload's spec can change while it runs (``fx upgrade`` / ``fx rollback`` append a spec with
+a new binding switch). The holder of epoch E *adopts* a newer spec by writing a claim of the same
+epoch naming it, with ``from_seq`` = the first step it binds. So the claims of an epoch, in log
+order, say which spec was in force at every step:
+
+    spec in force for step ``seq`` of epoch ``E`` = the spec named by the **last** claim of epoch
+    ``E`` on ``.claims`` whose ``from_seq`` (None counts as 0) is ``<= seq``;
+
+and the models a request of that step may name are that spec's ``models_at(seq)``. The holder
+issues under it, replay folds under it, ``fx why`` shows it, and the executor checks a request's
+model against it (``model_unbound``), so the four never disagree. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from broker_schema.records import ClaimRecord, SpecRecord
+
+__all__ = ["claim_in_force", "spec_in_force", "switch_problem"]
+
+
+def claim_in_force(claims: Iterable[ClaimRecord], epoch: int, seq: int) -> ClaimRecord | None:
+    """The claim whose spec binds step ``seq`` of ``epoch`` (claims in log order), or None when
+    the epoch has no claim."""
+    found: ClaimRecord | None = None
+    for claim in claims:
+        if claim.epoch == epoch and (claim.from_seq or 0) <= seq:
+            found = claim
+    return found
+
+
+def spec_in_force(claims: Iterable[ClaimRecord], specs: Mapping[int, SpecRecord], epoch: int,
+                  seq: int) -> tuple[ClaimRecord, SpecRecord] | None:
+    """The claim and the spec (``specs``: spec records by offset on ``.spec``) binding step
+    ``seq`` of ``epoch``; None when the claim or its spec is not known."""
+    claim = claim_in_force(claims, epoch, seq)
+    if claim is None:
+        return None
+    spec = specs.get(claim.spec_offset)
+    return None if spec is None else (claim, spec)
+
+
+def switch_problem(current: SpecRecord, new: SpecRecord, next_seq: int) -> str | None:
+    """Why ``new`` may not be adopted in place of ``current`` from step ``next_seq`` on, or
+    None: it must be the same workload and module, and it must bind every step before
+    ``next_seq`` as ``current`` does (an offset already passed is never rebound: outputs already
+    written stay what they are). Both bindings are constant between switches, so they are
+    compared at 0 and at every switch offset of either below ``next_seq``."""
+    if new.workload_id != current.workload_id:
+        return f"the spec is for workload {new.workload_id}, not {current.workload_id}"
+    if new.module_hash != current.module_hash:
+        return ("the spec names another module: a new module needs a new holder "
+                f"({new.module_hash} != {current.module_hash})")
+    points = {0} | {s.at_input_offset for s in new.binding_switches} \
+        | {s.at_input_offset for s in current.binding_switches}
+    for offset in sorted(p for p in points if p < next_seq):
+        if new.models_at(offset) != current.models_at(offset):
+            return (f"the binding changes at input offset {offset}, which is passed (the next "
+                    f"step is {next_seq}): a change takes effect at {next_seq} or later")
+    return None

@@ -1,0 +1,199 @@
+"""``fx upgrade`` and ``fx rollback``: binding changes at an input offset, as spec records.
+
+A change is a new spec on ``wl.<id>.spec``: the latest spec plus one binding switch
+(``SpecRecord.binding_switches``) at input offset N. The running lease holder adopts it from its
+next step (a claim of its epoch with ``from_seq``; :mod:`broker_schema.binding`), or a new holder
+claims with it; either way the switch binds steps N and later, and nothing before N is rebound:
+outputs already written stay as they are. The plans are pure (:func:`plan_upgrade`,
+:func:`plan_rollback`); :func:`write_change` is the I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+
+from broker_schema import (
+    BindingSwitch,
+    DecodeError,
+    MergeEntry,
+    SpecRecord,
+    decode,
+    encode,
+    is_hash,
+    topics,
+)
+from fx_kafka.client import make_producer
+from workload_sdk._kafka_io import read_topic
+
+__all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
+           "write_change"]
+
+
+class BindingChangeError(ValueError):
+    """A binding change that cannot be made (a clear message for the operator)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A planned change: the new spec, and what it changes (for the report)."""
+
+    spec: SpecRecord
+    name: str
+    old_hash: str | None
+    new_hash: str
+    at_offset: int
+
+
+def _check_offset(spec: SpecRecord, at_offset: int, next_seq: int) -> None:
+    if at_offset < next_seq:
+        raise BindingChangeError(
+            f"input offset {at_offset} is already passed: the workload's next step is "
+            f"{next_seq} (a change takes effect at {next_seq} or later; outputs already "
+            "written are never rebound)")
+    last = max((s.at_input_offset for s in spec.binding_switches), default=-1)
+    if at_offset <= last:
+        raise BindingChangeError(
+            f"the spec already switches bindings at input offset {last}: a new switch must "
+            f"come after it (at {last + 1} or later)")
+
+
+def _with_switch(spec: SpecRecord, name: str, new_hash: str, at_offset: int) -> SpecRecord:
+    models = dict(spec.models_at(at_offset))
+    models[name] = new_hash
+    switches = (*spec.binding_switches, BindingSwitch(at_input_offset=at_offset, models=models))
+    return spec.model_copy(update={"binding_switches": switches})
+
+
+def plan_upgrade(spec: SpecRecord, name: str, new_hash: str, at_offset: int,
+                 next_seq: int) -> Change:
+    """Bind ``name`` to ``new_hash`` from input offset ``at_offset``. Pure."""
+    _check_offset(spec, at_offset, next_seq)
+    old = spec.models_at(at_offset).get(name)
+    if old == new_hash:
+        raise BindingChangeError(f"{name} is already bound to {new_hash} at {at_offset}")
+    new = _with_switch(spec, name, new_hash, at_offset)
+    SpecRecord.model_validate(new.model_dump())  # every hash and offset valid
+    return Change(new, name, old, new_hash, at_offset)
+
+
+def plan_rollback(spec: SpecRecord, name: str, at_offset: int, next_seq: int,
+                  to_hash: str | None = None) -> Change:
+    """Bind ``name`` back, from input offset ``at_offset``, to ``to_hash`` or, by default, to
+    the hash it had before the latest switch that changed it ("roll back forward": a new
+    switch, nothing before it rewritten). Pure."""
+    _check_offset(spec, at_offset, next_seq)
+    current = spec.models_at(at_offset).get(name)
+    if current is None:
+        raise BindingChangeError(f"the spec binds no model named {name!r}")
+    target = to_hash
+    if target is None:
+        history = [spec.models.get(name)] + [s.models.get(name) for s in spec.binding_switches]
+        earlier = [h for h in history if h is not None]
+        while earlier and earlier[-1] == current:
+            earlier.pop()
+        if not earlier:
+            raise BindingChangeError(f"{name} was never bound to another model: nothing to "
+                                     "roll back to (give --to HASH)")
+        target = earlier[-1]
+    if target == current:
+        raise BindingChangeError(f"{name} is already bound to {target} at {at_offset}")
+    return Change(_with_switch(spec, name, target, at_offset), name, current, target, at_offset)
+
+
+async def current_state(bootstrap: str, workload_id: str) -> tuple[int, SpecRecord, int]:
+    """(offset of the latest spec, the spec, the workload's next step) from the log."""
+    spec_view = await read_topic(bootstrap, topics.spec(workload_id))
+    latest: tuple[int, SpecRecord] | None = None
+    for rec in spec_view:
+        try:
+            record = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(record, SpecRecord) and record.workload_id == workload_id:
+            latest = (rec.offset, record)
+    if latest is None:
+        raise BindingChangeError(f"no spec on {topics.spec(workload_id)}")
+    merge_view = await read_topic(bootstrap, topics.merge(workload_id))
+    next_seq = 0
+    for rec in merge_view:
+        try:
+            entry = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(entry, MergeEntry) and entry.action == "deliver":
+            next_seq = max(next_seq, entry.seq + 1)
+    return latest[0], latest[1], next_seq
+
+
+async def write_change(bootstrap: str, workload_id: str, change: Change) -> int:
+    """Append the change's spec to ``wl.<id>.spec``; its offset."""
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topics.spec(workload_id), encode(change.spec),
+                                            partition=0)
+        return int(meta.offset)
+    finally:
+        await producer.stop()
+
+
+# ------------------------------------------------------------------------------ the commands
+def _bootstrap(args: argparse.Namespace) -> str:
+    return str(args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+
+
+def _run_change(args: argparse.Namespace, plan: object) -> int:
+    name = f"fx {args.command}"
+    try:
+        _, spec, next_seq = asyncio.run(current_state(_bootstrap(args), args.id))
+        change = plan(spec, next_seq)  # type: ignore[operator]
+    except (BindingChangeError, ValueError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    offset = asyncio.run(write_change(_bootstrap(args), args.id, change))
+    print(f"{name}: {change.name} {change.old_hash} -> {change.new_hash} from input offset "
+          f"{change.at_offset}: spec written to {topics.spec(args.id)}@{offset} (the next step "
+          f"was {next_seq}); the running holder adopts it from its next step, or says why not")
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    name, sep, new_hash = args.model.partition("=")
+    if not sep or not is_hash(new_hash):
+        print(f"fx upgrade: --model takes NAME=sha256:HEX, got {args.model!r}", file=sys.stderr)
+        return 2
+    return _run_change(args, lambda spec, nxt: plan_upgrade(spec, name, new_hash,
+                                                            args.at_offset, nxt))
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    if args.to is not None and not is_hash(args.to):
+        print(f"fx rollback: --to takes sha256:HEX, got {args.to!r}", file=sys.stderr)
+        return 2
+    return _run_change(args, lambda spec, nxt: plan_rollback(spec, args.model, args.at_offset,
+                                                             nxt, args.to))
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fx upgrade`` and ``fx rollback``."""
+    up = subparsers.add_parser("upgrade", help="bind a model name to a new hash from an input "
+                               "offset on (a new spec; the running holder adopts it)")
+    up.add_argument("id", help="workload id")
+    up.add_argument("--model", required=True, metavar="NAME=HASH")
+    up.add_argument("--at-offset", type=int, required=True,
+                    help="the first input offset (step) the new binding applies to")
+    up.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
+    up.set_defaults(func=_upgrade)
+    rb = subparsers.add_parser("rollback", help="bind a model name back to its previous hash "
+                               "from a later input offset on (outputs already written stay)")
+    rb.add_argument("id", help="workload id")
+    rb.add_argument("--model", required=True, metavar="NAME")
+    rb.add_argument("--at-offset", type=int, required=True)
+    rb.add_argument("--to", metavar="HASH", help="bind to this hash (default: the one before "
+                    "the latest change of NAME)")
+    rb.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
+    rb.set_defaults(func=_rollback)
