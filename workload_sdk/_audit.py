@@ -25,46 +25,43 @@ counted). What each invariant checks, exactly:
     (the log is read ``read_committed``, so an aborted transaction's records are not there), and
     ``.out`` holds only ``output`` and ``request`` records.
 ``epochs``
-    Claims on ``.claims`` have strictly increasing epochs in offset order; every record a lease
-    holder commits names a claimed epoch (merge entries and snapshots, outputs and requests on
-    ``.out`` by their header, ticks on ``.resp``); the epochs of ``.merge`` records never
-    decrease in offset order; and nothing of epoch E was committed after the claim of a later
+    Claims on ``.claims`` have strictly increasing epochs in offset order (a spec adoption, a claim
+    with ``from_seq`` of the current epoch by its own holder, is the one repeat allowed); every
+    record a lease holder commits names a claimed epoch (merge entries and snapshots, outputs and
+    requests on ``.out`` by their header, ticks on ``.resp``); the epochs of ``.merge`` records
+    never decrease in offset order; and nothing of epoch E was committed after the claim of a later
     epoch. "After" is by broker append time (``LogAppendTime``): a record of epoch E whose append
     time is later than that of the first claim with a higher epoch (plus ``clock_skew_ms``). A
-    holder's transaction appends its records before it commits, and a successor's claim is
-    appended only after its ``InitProducerId`` fenced (aborted) every open transaction of the
-    older holder, so every committed record of epoch E is appended no later than that claim; an
-    equal millisecond is not a violation. Across brokers (a cluster), append times come from
-    different clocks: ``clock_skew_ms`` says how far they may differ. One exception, by design:
-    a resuming holder writes an output slot that replay computed and ``.out`` lacks with the
-    epoch of the step that computed it; such an output (its step's deliver entry has that epoch
-    and was appended before the claim) is counted as ``rewritten``, not a violation.
-``signatures``
-    Every signed ``response`` on ``.resp`` verifies (:func:`workload_sdk._why.verify_signature`,
-    the rule of ``fx why``): against the key its executor node published on ``sys.facts``, or,
-    given a key history (``--fleet-key``), against the keys the fleet key certified for that node.
-    An invalid signature is a violation; a key no facts record publishes is counted
-    ``unchecked``. Unsigned responses are counted: ``unsigned_holder`` for the lease holder's
-    ``timeout``/``unknown`` (unsigned by design: the holder has no node key), ``unsigned`` for
-    the rest (nothing vouches for them; listed in the notes).
-``merge_order``
-    The merge log is a total order the fold can follow: each source (``.in``, ``.resp``) is
-    merged in offset order, each record at most once; deliveries number the steps 0, 1, 2, ...
-    (from the first retained record on a trimmed ``.merge``) without a gap or a repeat; a
-    pass-over and a snapshot carry the seq of the next delivery; ``.merge`` holds only merge
-    entries and snapshots.
-``replay``
-    With the workload's module: replay from the start (``fx replay --from-start``) and from each
-    snapshot on ``.merge`` reproduces the merge decisions and every output on ``.out`` byte for
-    byte (:func:`workload_sdk._replay.replay`, :func:`~workload_sdk._replay.compare_outputs`).
-    From each snapshot, replay runs to the next one and must arrive at exactly what that snapshot
-    records (seq, state hash, pending effects, ids that ended in ``timeout``/``unknown``); the
-    fold is deterministic, so this is replay from each snapshot to the end, in linear time. The
-    last one must end where replay from the start ends. Every output slot on ``.out`` must come
-    from a replayed step (an output of a step the fold does not output, or of a step no merge
-    entry delivers, is a violation; a live log whose ``.merge`` grew while it was read leaves the
-    latter unjudged). Without a module: ``skipped``, and said so. On a trimmed ``.merge`` replay
-    from the start is not possible; replay starts from the earliest retained snapshot.
+    holder's transaction appends its records before it commits, and a successor's claim is appended
+    only after its ``InitProducerId`` fenced (aborted) every open transaction of the older holder,
+    so every committed record of epoch E is appended no later than that claim; an equal millisecond
+    is not a violation. Across brokers (a cluster), append times come from different clocks:
+    ``clock_skew_ms`` says how far they may differ. One exception, by design: a resuming holder
+    writes an output slot that replay computed and ``.out`` lacks with the epoch of the step that
+    computed it; such an output (its step's deliver entry has that epoch and was appended before the
+    claim) is counted as ``rewritten``, not a violation. ``signatures`` Every signed ``response`` on
+    ``.resp`` verifies (:func:`workload_sdk._why.verify_signature`, the rule of ``fx why``): against
+    the key its executor node published on ``sys.facts``, or, given a key history (``--fleet-key``),
+    against the keys the fleet key certified for that node. An invalid signature is a violation; a
+    key no facts record publishes is counted ``unchecked``. Unsigned responses are counted:
+    ``unsigned_holder`` for the lease holder's ``timeout``/``unknown`` (unsigned by design: the
+    holder has no node key), ``unsigned`` for the rest (nothing vouches for them; listed in the
+    notes). ``merge_order`` The merge log is a total order the fold can follow: each source
+    (``.in``, ``.resp``) is merged in offset order, each record at most once; deliveries number the
+    steps 0, 1, 2, ... (from the first retained record on a trimmed ``.merge``) without a gap or a
+    repeat; a pass-over and a snapshot carry the seq of the next delivery; ``.merge`` holds only
+    merge entries and snapshots. ``replay`` With the workload's module: replay from the start (``fx
+    replay --from-start``) and from each snapshot on ``.merge`` reproduces the merge decisions and
+    every output on ``.out`` byte for byte (:func:`workload_sdk._replay.replay`,
+    :func:`~workload_sdk._replay.compare_outputs`). From each snapshot, replay runs to the next one
+    and must arrive at exactly what that snapshot records (seq, state hash, pending effects, ids
+    that ended in ``timeout``/``unknown``); the fold is deterministic, so this is replay from each
+    snapshot to the end, in linear time. The last one must end where replay from the start ends.
+    Every output slot on ``.out`` must come from a replayed step (an output of a step the fold does
+    not output, or of a step no merge entry delivers, is a violation; a live log whose ``.merge``
+    grew while it was read leaves the latter unjudged). Without a module: ``skipped``, and said so.
+    On a trimmed ``.merge`` replay from the start is not possible; replay starts from the earliest
+    retained snapshot.
 
 A record that a check needs and that is trimmed, missing or undecodable where the design says it
 must be there (:class:`~workload_sdk._logview.LogGap`) is a *gap*: the invariant could not be
@@ -290,6 +287,11 @@ class _Claims:
     def epochs(self) -> set[int]:
         return {c.epoch for _, _, c in self.claims}
 
+    def holder_of(self, epoch: int) -> str | None:
+        """The holder that claimed ``epoch`` (its first claim, not a spec adoption)."""
+        return next((c.holder_id for _, _, c in self.claims
+                     if c.epoch == epoch and c.from_seq is None), None)
+
     def successor(self, epoch: int) -> tuple[int, int, ClaimRecord] | None:
         """The first claim (in offset order) of an epoch above ``epoch``."""
         return next((c for c in self.claims if c[2].epoch > epoch), None)
@@ -454,6 +456,16 @@ def _check_epochs(rd: _Reader, log: WorkloadLog, claims: _Claims, inv: Invariant
         if isinstance(record, DecodeError) or not isinstance(record, ClaimRecord):
             found = record.code if isinstance(record, DecodeError) else record.kind
             inv.violate(claims_view.topic, rec.offset, f"not a claim ({found})")
+            continue
+        if record.from_seq is not None:
+            # a spec adoption (broker_schema.binding): a claim of the current epoch by its own
+            # holder, naming a newer spec from a step on; legal only as exactly that
+            holder = claims.holder_of(record.epoch)
+            if highest is None or record.epoch != highest[0] or holder != record.holder_id:
+                inv.violate(claims_view.topic, rec.offset, f"spec adoption of epoch "
+                            f"{record.epoch} by {record.holder_id!r} is not by the holder of "
+                            "the current epoch")
+            inv.counts["adoptions"] = inv.counts.get("adoptions", 0) + 1
             continue
         if highest is not None and record.epoch <= highest[0]:
             inv.violate(claims_view.topic, rec.offset, f"claim of epoch {record.epoch} (holder "

@@ -129,3 +129,6 @@ async def test_upgrade_at_an_offset_holds_across_a_failover_and_rolls_back_forwa
     tree = json.loads(proc.stdout)
     assert tree["step"]["spec"]["binding_switch_at"] == at
     assert tree["step"]["spec"]["models"]["filetype"] == NEW
+    # and fx audit finds every invariant held, the spec adoptions included
+    audited = _fx(kafka_bootstrap, "audit", wid, "--module", MODULE)
+    assert audited.returncode == 0, audited.stdout + audited.stderr

@@ -377,3 +377,30 @@ def test_json_and_table(log: WorkloadLog) -> None:
     assert text.splitlines()[0] == "fx audit sim-1: 1 invariant(s) violated: epochs"
     assert "  epochs       VIOLATED           1  claims 2" in text
     assert "wl.sim-1.resp@12: tick of epoch 1" in text
+
+
+def test_a_spec_adoption_is_the_one_claim_that_repeats_an_epoch() -> None:
+    from broker_schema import ClaimRecord, decode, encode
+    from tests.unit.workload_sdk._sim import Asker, Sim, make_spec
+    from workload_sdk import audit
+    from workload_sdk._logview import LogRecord
+
+    sim = Sim(make_spec())
+    sim.start()
+    assert sim.holder is not None
+    for v in (1, 3):
+        sim.input(v)
+    sim.holder.pump()
+    view = sim.log["claims"]
+    first = decode(view.records[0].value)
+    assert isinstance(first, ClaimRecord)
+    adoption = first.model_copy(update={"from_seq": 1})
+    view.add(LogRecord(view.end, sim.now, encode(adoption)))
+    view.end += 2
+    epochs = next(i for i in audit(sim.log, workload=Asker()).invariants if i.name == "epochs")
+    assert epochs.ok and epochs.counts.get("adoptions") == 1, epochs
+    stranger = adoption.model_copy(update={"holder_id": "someone-else"})
+    view.add(LogRecord(view.end, sim.now, encode(stranger)))
+    view.end += 2
+    epochs = next(i for i in audit(sim.log, workload=Asker()).invariants if i.name == "epochs")
+    assert not epochs.ok
