@@ -153,11 +153,19 @@ def replay(
     result_snapshot: tuple[int, int] | None = None
     if use_snapshots:
         limit = None if to_seq is None else to_seq + 1
+        chosen: tuple[int, int, SnapshotRecord] | None = None
         for i, (offset, record) in enumerate(items):
             if isinstance(record, SnapshotRecord) and (limit is None or record.seq <= limit):
-                core = Core.from_snapshot(workload, record)
-                start_index = i + 1
-                result_snapshot = (offset, record.seq)
+                chosen = (i, offset, record)
+        if chosen is not None:
+            i, offset, snap = chosen
+            try:
+                core = Core.from_snapshot(workload, snap)
+            except (ValueError, TypeError) as exc:  # a malformed snapshot: the log is not sound
+                raise ReplayError(offset, f"snapshot at seq {snap.seq} cannot be restored: "
+                                  f"{exc}") from exc
+            start_index = i + 1
+            result_snapshot = (offset, snap.seq)
     if core is None:
         _check_from_start(log, items, "replay to seq " + str(to_seq) if to_seq is not None
                           else "replay from the start" if not use_snapshots else "replay")

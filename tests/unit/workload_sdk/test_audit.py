@@ -404,3 +404,27 @@ def test_a_spec_adoption_is_the_one_claim_that_repeats_an_epoch() -> None:
     view.end += 2
     epochs = next(i for i in audit(sim.log, workload=Asker()).invariants if i.name == "epochs")
     assert not epochs.ok
+
+
+def test_a_malformed_snapshot_is_a_replay_error_not_a_crash() -> None:
+    import pytest
+
+    from broker_schema import InlineBody, SnapshotRecord, decode, encode
+    from tests.unit.workload_sdk._sim import Asker, Sim, make_spec
+    from workload_sdk import ReplayError, replay
+    from workload_sdk._logview import LogRecord
+
+    sim = Sim(make_spec(snapshot_every=1))
+    sim.start()
+    assert sim.holder is not None
+    sim.input(2)
+    sim.holder.pump()
+    view = sim.log["merge"]
+    (offset,) = [o for o, r in view.records.items()
+                 if isinstance(decode(r.value), SnapshotRecord)][-1:]
+    snap = decode(view.records[offset].value)
+    assert isinstance(snap, SnapshotRecord)
+    bad = snap.model_copy(update={"state": InlineBody.of_json({"state": {"x": 1}})})
+    view.records[offset] = LogRecord(offset, view.records[offset].time_ms, encode(bad))
+    with pytest.raises(ReplayError, match="cannot be restored"):
+        replay(Asker(), sim.log)
