@@ -26,7 +26,9 @@ __all__ = ["add_ledger"]
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
-    return str(args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    from fx_kafka.client import bootstrap_of
+
+    return bootstrap_of(args.bootstrap)
 
 
 def _key(text: str) -> bytes:

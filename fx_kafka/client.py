@@ -259,6 +259,14 @@ async def check_authorized(consumer: AIOKafkaConsumer, topics: Iterable[str]) ->
         raise TopicAuthorizationFailedError(", ".join(denied))
 
 
+def bootstrap_of(given: str | None) -> str:
+    """The bootstrap a command line names: ``--bootstrap``, else ``$FX_KAFKA_BOOTSTRAP``, else
+    the local default ``127.0.0.1:9092`` (the one home of that rule for the ``fx`` commands)."""
+    import os
+
+    return str(given or os.environ.get("FX_KAFKA_BOOTSTRAP") or "127.0.0.1:9092")
+
+
 def make_producer(
     bootstrap: str,
     *,

@@ -183,7 +183,9 @@ async def _facts_key(bootstrap: str, node_id: str) -> bytes:
 
 # ------------------------------------------------------------------------------ the commands
 def _bootstrap(args: argparse.Namespace) -> str:
-    return str(args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    from fx_kafka.client import bootstrap_of
+
+    return bootstrap_of(args.bootstrap)
 
 
 def _load_fleet(path: str) -> SigningKey:

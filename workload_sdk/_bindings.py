@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from dataclasses import dataclass
 
@@ -143,7 +142,9 @@ async def write_change(bootstrap: str, workload_id: str, change: Change) -> int:
 
 # ------------------------------------------------------------------------------ the commands
 def _bootstrap(args: argparse.Namespace) -> str:
-    return str(args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    from fx_kafka.client import bootstrap_of
+
+    return bootstrap_of(args.bootstrap)
 
 
 def _run_change(args: argparse.Namespace, plan: object) -> int:

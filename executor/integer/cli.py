@@ -109,11 +109,11 @@ def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser
 
 
 def _verify_workload(args: argparse.Namespace) -> int:
-    import os
 
     from executor.verify_workload import run
+    from fx_kafka.client import bootstrap_of
 
-    bootstrap = args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP") or "127.0.0.1:9092"
+    bootstrap = bootstrap_of(args.bootstrap)
     store = _store_dir(args)
 
     def progress(msg: str) -> None:
@@ -166,11 +166,11 @@ def _fleet_keys(args: argparse.Namespace) -> list[bytes]:
 
 def _file_key_history(args: argparse.Namespace, fleet: list[bytes]) -> Any:
     import asyncio
-    import os
 
+    from fx_kafka.client import bootstrap_of
     from fx_kafka.keys import read_history
 
-    bootstrap = args.bootstrap or os.environ.get("FX_KAFKA_BOOTSTRAP") or "127.0.0.1:9092"
+    bootstrap = bootstrap_of(args.bootstrap)
     return asyncio.run(read_history(bootstrap, fleet))
 
 
