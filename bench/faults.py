@@ -182,6 +182,12 @@ class FaultConfig:
     gap_s: tuple[float, float] = (0.5, 2.0)
     #: 1: every fault in one sequence; 2: executor kills on their own track, beside the rest
     tracks: int = 1
+    #: the executors' consumer-group session timeout: an executor kill recovers in about this
+    #: (the holders' election keeps SESSION_TIMEOUT_MS)
+    executor_session_timeout_ms: int = SESSION_TIMEOUT_MS
+    #: the share of serving-executor kills whose restart waits until the kill has recovered, so
+    #: that the stand-by, not the restarted process, takes the partition over
+    delay_restart_p: float = 0.0
     workdir: Path | None = None
     keep: bool = False
     #: a model store that holds magika already (else it is imported into the work dir)
@@ -198,6 +204,10 @@ class FaultConfig:
             raise ValueError("holder fail-overs need at least 2 candidates")
         if self.tracks not in (1, 2):
             raise ValueError("tracks is 1 or 2")
+        if not 1000 <= self.executor_session_timeout_ms <= 60_000:
+            raise ValueError("executor_session_timeout_ms must be in [1000, 60000]")
+        if not 0.0 <= self.delay_restart_p <= 1.0:
+            raise ValueError("delay_restart_p must be in [0, 1]")
         if not 0 < self.rate_hz <= 50:
             raise ValueError("rate_hz must be in (0, 50]")
 
@@ -291,6 +301,15 @@ class FaultReport:
         out["faults_by_type"] = dict(Counter(f.type for f in faults))
         out["executor_kills_by_class"] = dict(Counter(f.klass for f in faults
                                                       if f.type == "executor_kill"))
+        # who answered first after a kill of the serving node: itself restarted, or the other
+        took: Counter[str] = Counter()
+        for f in faults:
+            if f.type == "executor_kill" and f.klass != "standby":
+                by = f.detail.get("first_answer_by")
+                how = "delayed" if f.detail.get("restart_delayed") else "immediate"
+                took[f"{how}_restart/" + ("none" if by is None else
+                                          "restarted" if by == f.target else "other")] += 1
+        out["executor_kill_first_answer"] = dict(sorted(took.items()))
         out["recovery"] = _recovery_summary(faults)
         return out
 
@@ -326,6 +345,9 @@ def _recovery_summary(faults: Iterable[Fault]) -> dict[str, dict[str, Any]]:
             if f.type == "executor_kill":
                 groups.setdefault(f"executor_kill/{f.klass}", []).append(
                     (f.recovery_ms / 1000, ovl))
+                if f.detail.get("restart_delayed"):
+                    groups.setdefault("executor_kill/restart_delayed", []).append(
+                        (f.recovery_ms / 1000, ovl))
         for extra in ("after_ready_ms", "first_step_ms"):
             if f.detail.get(extra) is not None:
                 name = f"{f.type}/{extra.removesuffix('_ms')}"
@@ -405,19 +427,26 @@ class _Delivery:
     time_ms: int  # the merge entry's append time
     src_ms: int  # the append time of the record it merges (an input or an answer)
     executor: bool  # it merges an answer an executor wrote
+    node: str | None = None  # that executor
 
 
-def _first_fresh(deliveries: Sequence[_Delivery], times: Sequence[int], t_ms: int, *,
-                 executor: bool = False) -> int | None:
-    """The append time of the first delivery after ``t_ms`` that merges a record appended
-    after ``t_ms`` (an executor's answer, with ``executor``); ``times``: the deliveries'
-    ascending ``time_ms``."""
+def _first_fresh_delivery(deliveries: Sequence[_Delivery], times: Sequence[int], t_ms: int, *,
+                          executor: bool = False) -> _Delivery | None:
+    """The first delivery after ``t_ms`` that merges a record appended after ``t_ms`` (an
+    executor's answer, with ``executor``); ``times``: the deliveries' ascending ``time_ms``."""
     import bisect
 
     for d in deliveries[bisect.bisect_right(times, t_ms):]:
         if d.src_ms > t_ms and (d.executor or not executor):
-            return d.time_ms
+            return d
     return None
+
+
+def _first_fresh(deliveries: Sequence[_Delivery], times: Sequence[int], t_ms: int, *,
+                 executor: bool = False) -> int | None:
+    """The append time of :func:`_first_fresh_delivery`, or None."""
+    d = _first_fresh_delivery(deliveries, times, t_ms, executor=executor)
+    return None if d is None else d.time_ms
 
 
 def analyse_log(log: WorkloadLog, faults: Sequence[Fault], *, executor_nodes: set[str],
@@ -494,7 +523,8 @@ def analyse_log(log: WorkloadLog, faults: Sequence[Fault], *, executor_nodes: se
             infer_timeouts += 1
         row = resp_by_offset.get(e.source_offset)
         deliveries.append(_Delivery(rec.time_ms, 0 if row is None else row.time_ms,
-                                    row is not None and row.node in executor_nodes))
+                                    row is not None and row.node in executor_nodes,
+                                    None if row is None else row.node))
     # lost and duplicated
     lost_inputs = [o for o in inputs if decisions[o] == 0]
     lost_requests = [eid for eid in requests if delivered[eid] == 0]
@@ -525,7 +555,10 @@ def analyse_log(log: WorkloadLog, faults: Sequence[Fault], *, executor_nodes: se
         if f.type == "executor_kill":
             f.klass = classify_executor_kill(f.target, f.t_ms, rows, infer_requests,
                                              executor_nodes, row_times=row_times)
-            at = _first_fresh(deliveries, times, f.t_ms, executor=True)
+            first = _first_fresh_delivery(deliveries, times, f.t_ms, executor=True)
+            at = None if first is None else first.time_ms
+            # which node answered first after the kill: the restarted one or another
+            f.detail["first_answer_by"] = None if first is None else first.node
         elif f.type == "broker_restart":
             ready = int(f.detail["ready_ms"])
             at = _first_fresh(deliveries, times, ready)
@@ -882,7 +915,8 @@ class _Phase:
             "model_dir": str(self.store), "key_file": str(self.workdir / f"node-{slot}.key"),
             "chunk_dir": str(self.workdir / f"chunks-{slot}"), "http_port": None,
             "preload": "all", "metadata_max_age_ms": 500,
-            "session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500,
+            "session_timeout_ms": self.cfg.executor_session_timeout_ms,
+            "heartbeat_interval_ms": min(500, self.cfg.executor_session_timeout_ms // 4),
             "facts_interval_s": 0, "device": "cpu",
         }))
         return path
@@ -1051,12 +1085,18 @@ class _Phase:
         code = await proc.wait_exit(20)
         if code is None:
             raise RuntimeError(f"{proc.name} still runs after SIGKILL")
-        self._start_executor(slot)
+        # a delayed restart (only of the serving node): the stand-by must take the partition
+        delayed = owner == node and self.rng.random() < self.cfg.delay_restart_p
+        if not delayed:
+            self._start_executor(slot)
         fault = Fault("executor_kill", t_ms, node, wanted=wanted,
-                      detail={"instance": proc.name, "trigger_missed": missed})
+                      detail={"instance": proc.name, "trigger_missed": missed,
+                              "restart_delayed": delayed})
         fault.recovered = await self.tail.wait(
             lambda: self.tail.delivered_after(t_ms, executor=True) is not None,
             self.cfg.fault_timeout_s)
+        if delayed:
+            self._start_executor(slot)
         return fault
 
     async def _holder_failover(self) -> Fault:
@@ -1504,6 +1544,8 @@ def render_report(report: FaultReport) -> str:
         for sub, r2 in rec.items():
             if sub.startswith(f"{t}/"):
                 lines.append(row("  " + sub.split("/", 1)[1], "", "", r2))
+    lines.append(f"  first answer after a kill of the serving executor: "
+                 f"{tot['executor_kill_first_answer']}")
     lines.append("")
     for k in ("inputs", "decisions", "effects_issued", "lost", "duplicated", "unknown",
               "timeouts", "timeouts_inference", "backpressure", "errors", "reasks"):
@@ -1541,6 +1583,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="2: executor kills on their own track beside the other faults")
     parser.add_argument("--gap-s", type=float, nargs=2, default=(0.5, 2.0),
                         metavar=("MIN", "MAX"), help="random pause before each fault")
+    parser.add_argument("--executor-session-timeout-ms", type=int, default=SESSION_TIMEOUT_MS,
+                        help="the executors' consumer-group session timeout (an executor kill "
+                             "recovers in about this)")
+    parser.add_argument("--delay-restart-p", type=float, default=0.0,
+                        help="share of serving-executor kills restarted only after recovery, "
+                             "so the stand-by takes over")
     parser.add_argument("--fault-timeout-s", type=float, default=90.0)
     parser.add_argument("--drain-timeout-s", type=float, default=180.0)
     parser.add_argument("--workdir", type=Path, help="keep brokers' data and logs here")
@@ -1556,7 +1604,8 @@ def main(argv: list[str] | None = None) -> int:
                       fault_timeout_s=args.fault_timeout_s,
                       drain_timeout_s=args.drain_timeout_s, workdir=args.workdir,
                       tracks=args.tracks, gap_s=(args.gap_s[0], args.gap_s[1]),
-                      keep=args.keep)
+                      executor_session_timeout_ms=args.executor_session_timeout_ms,
+                      delay_restart_p=args.delay_restart_p, keep=args.keep)
 
     async def run() -> FaultReport:
         # SIGTERM cancels the run, so the brokers are stopped on the way out (the services die
