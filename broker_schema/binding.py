@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from broker_schema.records import ClaimRecord, SpecRecord
 
-__all__ = ["claim_in_force", "spec_in_force", "switch_problem"]
+__all__ = ["claim_in_force", "shadow_models", "shadow_spec", "spec_in_force", "switch_problem"]
 
 
 def claim_in_force(claims: Iterable[ClaimRecord], epoch: int, seq: int) -> ClaimRecord | None:
@@ -61,3 +61,22 @@ def switch_problem(current: SpecRecord, new: SpecRecord, next_seq: int) -> str |
             return (f"the binding changes at input offset {offset}, which is passed (the next "
                     f"step is {next_seq}): a change takes effect at {next_seq} or later")
     return None
+
+
+def shadow_models(bound: Mapping[str, str], rebind: Mapping[str, str]) -> dict[str, str]:
+    """The models a shadow evaluation's request of a step may name: the step's binding
+    (``bound``: the spec's ``models_at(seq)``) with the evaluation's ``rebind`` applied to the
+    names it binds (a name the step does not bind stays unbound). One rule for the executor and
+    the evaluation's fold."""
+    return {name: rebind.get(name, model) for name, model in bound.items()}
+
+
+def shadow_spec(spec: SpecRecord, rebind: Mapping[str, str]) -> SpecRecord:
+    """``spec`` with :func:`shadow_models` applied at every step: its base models and every
+    binding switch rebound, so ``shadow_spec(spec, r).models_at(seq) ==
+    shadow_models(spec.models_at(seq), r)`` for every ``seq``. For the evaluation's fold only;
+    never written."""
+    switches = tuple(sw.model_copy(update={"models": shadow_models(sw.models, rebind)})
+                     for sw in spec.binding_switches)
+    return spec.model_copy(update={"models": shadow_models(spec.models, rebind),
+                                   "binding_switches": switches})

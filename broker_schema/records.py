@@ -57,6 +57,7 @@ ErrorCode = Literal[
     "stale_epoch",  # the request's epoch is lower than the highest claim seen
     "deadline_passed",  # the request's deadline had passed when the executor read it
     "no_spec",  # the executor has seen no spec for the workload
+    "shadow_unknown",  # a shadow request names an evaluation with no definition on its .eval
     "input_missing",  # a referenced input (chunk, stream record) could not be read
     "input_forbidden",  # the input names a stream the request may not read (not its own .in)
     "input_hash_mismatch",  # a referenced input did not hash to its reference
@@ -78,6 +79,7 @@ ERROR_RETRIABLE: dict[str, bool] = {
     "stale_epoch": False,
     "deadline_passed": True,
     "no_spec": True,
+    "shadow_unknown": False,
     "input_missing": False,
     "input_forbidden": False,
     "input_hash_mismatch": False,
@@ -607,6 +609,65 @@ class KeyRevokeRecord(_Model):
 RejectCode = DecodeCode | Literal["wrong_workload"]
 
 
+class ShadowEvalRecord(_Model):
+    """The definition of a shadow evaluation, the first record on ``wl.<id>.shadow.<eval>.eval``.
+
+    ``models`` rebinds model names of the workload's spec to other hashes for the evaluation's
+    requests only: an executor answers a shadow request (header ``shadow`` = ``eval_id``) when its
+    model is what the step's spec binds with this rebinding applied
+    (:func:`broker_schema.binding.shadow_models`). ``history``: the recorded requests of steps
+    ``from_seq``..``to_seq`` re-issued; ``live``: the live requests from step ``from_seq`` on, for
+    ``window_ms``. Nothing of the live workload reads these streams."""
+
+    kind: Literal["shadow_eval"] = "shadow_eval"
+    v: Literal[1] = SCHEMA_VERSION
+    eval_id: WorkloadId
+    workload_id: WorkloadId
+    models: Annotated[dict[str, Hash], Field(min_length=1)]
+    mode: Literal["history", "live"]
+    from_seq: Offset
+    to_seq: Offset | None = None
+    window_ms: Millis | None = None
+    #: the deadline of every shadow request (from its append time on the shadow ``.out``)
+    deadline_ms: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    created_ms: Millis
+    created_by: NodeId
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> Self:
+        if self.mode == "history" and (self.to_seq is None or self.to_seq < self.from_seq):
+            raise ValueError("a history evaluation needs to_seq >= from_seq")
+        if self.mode == "live" and self.window_ms is None:
+            raise ValueError("a live evaluation needs window_ms")
+        return self
+
+
+class ShadowReportRecord(_Model):
+    """The result of a shadow evaluation, appended to its ``.eval`` when it ends. The figures
+    summarize the full report (``report_hash``: ``sha256:`` of its canonical JSON), which
+    ``fx shadow show`` recomputes from the records and compares."""
+
+    kind: Literal["shadow_report"] = "shadow_report"
+    v: Literal[1] = SCHEMA_VERSION
+    eval_id: WorkloadId
+    workload_id: WorkloadId
+    from_seq: Offset
+    to_seq: Offset
+    requests: Annotated[int, Field(ge=0)]
+    answered: Annotated[int, Field(ge=0)]
+    steps: Annotated[int, Field(ge=0)]
+    decisions: Annotated[int, Field(ge=0)]
+    decisions_differ: Annotated[int, Field(ge=0)]
+    first_differing_seq: Offset | None = None
+    requests_diverged_at: Offset | None = None
+    #: where each topic the report was computed from was read up to (stream -> end offset:
+    #: ``in``, ``spec``, ``claims``, ``out``, ``resp``, ``merge`` of the workload, ``shadow.out``
+    #: and ``shadow.resp`` of the evaluation): what ``fx shadow show`` cuts at to recompute it
+    ends: dict[str, Offset]
+    report_hash: Hash
+    written_ms: Millis
+
+
 class RejectedRecord(_Model):
     """A record that could not be decoded, with where it was found and why (``sys.rejects``)."""
 
@@ -636,7 +697,9 @@ Record = Annotated[
     | FactsRecord
     | RejectedRecord
     | KeyCertRecord
-    | KeyRevokeRecord,
+    | KeyRevokeRecord
+    | ShadowEvalRecord
+    | ShadowReportRecord,
     Field(discriminator="kind"),
 ]
 
@@ -655,6 +718,8 @@ RECORD_TYPES: dict[str, type[BaseModel]] = {
     "rejected": RejectedRecord,
     "key_cert": KeyCertRecord,
     "key_revoke": KeyRevokeRecord,
+    "shadow_eval": ShadowEvalRecord,
+    "shadow_report": ShadowReportRecord,
 }
 
 #: Schema versions each kind's decoder understands.

@@ -22,8 +22,14 @@ _MAX_TOPIC_LEN = 249
 
 WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
-#: Pattern an executor subscribes to for effect requests.
-OUT_PATTERN = r"^wl\.[A-Za-z0-9][A-Za-z0-9_-]*\.out$"
+#: The streams of one shadow evaluation (``wl.<id>.shadow.<eval>.<stream>``): its definition
+#: and report (``eval``), the requests it re-issues (``out``) and the executors' answers
+#: (``resp``). Never read by the live holder, never written by it.
+SHADOW_STREAMS = ("eval", "out", "resp")
+_ID = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+#: Pattern an executor subscribes to for effect requests: every workload's ``.out`` and every
+#: shadow evaluation's ``.out``.
+OUT_PATTERN = rf"^wl\.{_ID}\.(?:shadow\.{_ID}\.)?out$"
 
 
 def check_workload_id(workload_id: str) -> str:
@@ -54,11 +60,67 @@ def prefix(workload_id: str) -> str:
 
 
 def out_pattern(workload_id: str | None = None) -> str:
-    """The regex an executor subscribes to: every workload's ``.out`` (:data:`OUT_PATTERN`), or
-    only ``workload_id``'s."""
+    """The regex an executor subscribes to: every workload's ``.out`` and its shadow
+    evaluations' (:data:`OUT_PATTERN`), or only ``workload_id``'s."""
     if workload_id is None:
         return OUT_PATTERN
-    return rf"^wl\.{re.escape(check_workload_id(workload_id))}\.out$"
+    return rf"^wl\.{re.escape(check_workload_id(workload_id))}\.(?:shadow\.{_ID}\.)?out$"
+
+
+def check_eval_id(eval_id: str) -> str:
+    """Return ``eval_id`` (a shadow evaluation's name) if it is usable in topic names and effect
+    ids (the rule of workload ids: no ``.``), else raise ``ValueError``."""
+    if not WORKLOAD_ID_RE.fullmatch(eval_id) or len(eval_id) > MAX_WORKLOAD_ID_LEN:
+        raise ValueError(
+            f"invalid shadow evaluation id {eval_id!r}: letters, digits, '_' and '-', "
+            f"starting with a letter or digit, at most {MAX_WORKLOAD_ID_LEN} characters"
+        )
+    return eval_id
+
+
+def shadow_prefix(workload_id: str) -> str:
+    """``wl.<id>.shadow.``: the prefix of every shadow evaluation's topics of one workload."""
+    return f"{prefix(workload_id)}shadow."
+
+
+def shadow_stream(workload_id: str, eval_id: str, name: str) -> str:
+    """``wl.<id>.shadow.<eval>.<name>`` for one of :data:`SHADOW_STREAMS`."""
+    if name not in SHADOW_STREAMS:
+        raise ValueError(f"not a shadow stream: {name!r} (one of {', '.join(SHADOW_STREAMS)})")
+    return f"{shadow_prefix(workload_id)}{check_eval_id(eval_id)}.{name}"
+
+
+def parse_shadow(topic: str) -> tuple[str, str, str]:
+    """Split ``wl.<id>.shadow.<eval>.<stream>`` into ``(workload_id, eval_id, stream)``;
+    ``ValueError`` otherwise."""
+    parts = topic.split(".")
+    if (len(parts) != 5 or parts[0] != "wl" or parts[2] != "shadow"
+            or parts[4] not in SHADOW_STREAMS):
+        raise ValueError(f"not a shadow evaluation topic: {topic!r}")
+    return check_workload_id(parts[1]), check_eval_id(parts[3]), parts[4]
+
+
+def request_topic(topic: str) -> tuple[str, str | None]:
+    """Where a request read from ``topic`` belongs: ``(workload_id, None)`` for ``wl.<id>.out``,
+    ``(workload_id, eval_id)`` for a shadow evaluation's ``.out``; ``ValueError`` for any other
+    topic."""
+    try:
+        wid, stream = parse(topic)
+        if stream == "out":
+            return wid, None
+    except ValueError:
+        wid, eval_id, stream = parse_shadow(topic)
+        if stream == "out":
+            return wid, eval_id
+    raise ValueError(f"not a request topic: {topic!r}")
+
+
+def resp_for(workload_id: str, shadow: str | None) -> str:
+    """Where answers to a request of ``workload_id`` go: ``wl.<id>.resp``, or the shadow
+    evaluation's ``.resp`` when the request carries a shadow name (its header's ``shadow``)."""
+    if shadow is None:
+        return resp(workload_id)
+    return shadow_stream(workload_id, shadow, "resp")
 
 
 def inputs(workload_id: str) -> str:
@@ -116,6 +178,12 @@ STREAM_KINDS: dict[str, frozenset[str]] = {
     "resp": frozenset({"accepted", "response", "tick"}),
     "merge": frozenset({"merge", "snapshot"}),
 }
+#: Which record kinds belong on each shadow evaluation stream.
+SHADOW_KINDS: dict[str, frozenset[str]] = {
+    "eval": frozenset({"shadow_eval", "shadow_report"}),
+    "out": frozenset({"request"}),
+    "resp": frozenset({"accepted", "response"}),
+}
 #: Which record kinds belong on the system topics that hold records.
 SYSTEM_KINDS: dict[str, frozenset[str]] = {
     FACTS: frozenset({"facts"}),
@@ -130,6 +198,10 @@ def kinds_on(topic: str) -> frozenset[str] | None:
         return SYSTEM_KINDS[topic]
     try:
         return STREAM_KINDS[parse(topic)[1]]
+    except ValueError:
+        pass
+    try:
+        return SHADOW_KINDS[parse_shadow(topic)[2]]
     except ValueError:
         return None
 

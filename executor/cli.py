@@ -78,7 +78,13 @@ def _import(args: argparse.Namespace) -> int:
     store = ModelStore(_store_dir(args))
     target = args.source
     path = Path(target)
-    if path.is_file():
+    if path.is_file() and path.name.startswith("magika-") and path.suffix == ".whl":
+        try:
+            manifest = store.import_magika_wheel(path)
+        except (ValueError, KeyError) as exc:
+            print(f"fx models import: {exc}", file=sys.stderr)
+            return 2
+    elif path.is_file():
         manifest = store.import_path(path, name=args.name)
     else:
         try:

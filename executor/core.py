@@ -23,6 +23,14 @@ The rules, in the order they are checked for an effect request on ``wl.<id>.out`
 8. ``model_unknown`` / ``model_hash_mismatch``: the model store's answer for the hash;
 9. ``backpressure`` (outcome, not an error): the kind's queue (waiting + running) is full;
 10. otherwise **admitted**: an ``accepted`` record, and a job in the in-flight table.
+
+A **shadow** request (header ``shadow`` set, read from ``wl.<id>.shadow.<eval>.out``) is a
+recorded or live request re-issued by a shadow evaluation; it acts on nothing. It is judged by the
+same rules with two differences: rule 2 does not apply (an evaluation re-issues requests of past
+epochs), and in rule 5 the model must be bound by the step's spec with the evaluation's rebinding
+applied (:func:`broker_schema.binding.shadow_models`, the evaluation's definition read from its
+``.eval``); ``shadow_unknown`` when no definition is there. Its answers go to the evaluation's
+``.resp`` (:func:`broker_schema.topics.resp_for`).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from broker_schema import topics
-from broker_schema.binding import spec_in_force
+from broker_schema.binding import shadow_models, spec_in_force
 from broker_schema.records import (
     AcceptedRecord,
     Body,
@@ -45,6 +53,7 @@ from broker_schema.records import (
     ErrorInfo,
     ExecutorInfo,
     ResponseRecord,
+    ShadowEvalRecord,
     SpecRecord,
     StreamRef,
     Timing,
@@ -171,6 +180,8 @@ class ExecutorState:
         #: The in-flight table: effect id -> job. Entered by :func:`decide` (on admit), left by
         #: :meth:`finish` (after the response is acknowledged) or :meth:`abandon` (shutdown).
         self.in_flight: dict[str, InFlight] = {}
+        #: (workload id, evaluation id) -> the shadow evaluation's definition (first record).
+        self.shadows: dict[tuple[str, str], ShadowEvalRecord] = {}
 
     # -- observations ---------------------------------------------------------------------------
     def workload(self, workload_id: str) -> WorkloadView:
@@ -194,6 +205,14 @@ class ExecutorState:
         if offset <= view.spec_offset:
             return False
         view.spec, view.spec_offset = spec, offset
+        return True
+
+    def observe_shadow(self, record: ShadowEvalRecord) -> bool:
+        """Record a shadow evaluation's definition; the first one read wins. True if used."""
+        key = (record.workload_id, record.eval_id)
+        if key in self.shadows:
+            return False
+        self.shadows[key] = record
         return True
 
     # -- the in-flight table ----------------------------------------------------------------------
@@ -274,7 +293,13 @@ def decide(
 
     header = request.header
     view = state.workload(header.workload_id)
-    if header.epoch < view.highest_epoch:
+    shadow: ShadowEvalRecord | None = None
+    if header.shadow is not None:
+        shadow = state.shadows.get((header.workload_id, header.shadow))
+        if shadow is None:
+            return refuse("shadow_unknown", f"no shadow evaluation {header.shadow} of workload "
+                          f"{header.workload_id} (nothing on its .eval)")
+    elif header.epoch < view.highest_epoch:
         return refuse(
             "stale_epoch", f"request epoch {header.epoch} < highest claim {view.highest_epoch}"
         )
@@ -286,6 +311,8 @@ def decide(
         return refuse("kind_unbound", f"spec at offset {spec_offset} does not bind {kind}")
     if request.model is not None:
         bound = spec.models_at(header.input_offset)
+        if shadow is not None:
+            bound = shadow_models(bound, shadow.models)
         if request.model not in bound.values():
             return refuse(
                 "model_unbound",

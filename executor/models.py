@@ -298,19 +298,58 @@ class ModelStore:
 
     def _import_magika(self) -> ModelManifest:
         model = locate_package_model("magika", "models/standard_v3_3/model.onnx")
-        config = json.loads((model.parent / "config.min.json").read_text())
         kb_path = model.parent.parent.parent / "config" / "content_types_kb.min.json"
-        kb = json.loads(kb_path.read_text())
+        version = importlib.metadata.version("magika")
+        return self._add_magika(
+            model, json.loads((model.parent / "config.min.json").read_text()),
+            json.loads(kb_path.read_text()), name="standard_v3_3",
+            source=f"magika=={version}:magika/models/standard_v3_3/model.onnx")
+
+    def import_magika_wheel(self, wheel: Path) -> ModelManifest:
+        """Import the magika model shipped in a magika wheel file (``magika-<v>-*.whl`` from
+        PyPI, downloaded with ``pip download --no-deps``), without installing it: another
+        version's model beside the installed one (for example ``standard_v3_2`` of magika 0.6.1
+        beside ``standard_v3_3``), to shadow or switch to. Its config must be the v3 format
+        (``config.min.json``)."""
+        import zipfile
+
+        try:
+            zf = zipfile.ZipFile(wheel)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ValueError(f"{wheel} is not a wheel: {exc}") from exc
+        with zf:
+            names = zf.namelist()
+            models = sorted({n.split("/")[2] for n in names
+                             if n.startswith("magika/models/") and n.endswith("/model.onnx")})
+            if len(models) != 1:
+                raise ValueError(f"{wheel}: expected one magika/models/<name>/model.onnx, found "
+                                 f"{models or 'none'}")
+            name = models[0]
+            cfg_name = f"magika/models/{name}/config.min.json"
+            kb_name = "magika/config/content_types_kb.min.json"
+            if cfg_name not in names or kb_name not in names:
+                raise ValueError(f"{wheel}: {name} has no config.min.json (not a v3 magika "
+                                 "model) or the wheel has no content-types KB")
+            version = next((n.split("-")[1] for n in [wheel.name] if n.count("-") >= 2), "?")
+            with tempfile.TemporaryDirectory() as tmp:
+                onnx_path = Path(tmp) / "model.onnx"
+                onnx_path.write_bytes(zf.read(f"magika/models/{name}/model.onnx"))
+                return self._add_magika(
+                    onnx_path, json.loads(zf.read(cfg_name)), json.loads(zf.read(kb_name)),
+                    name=name, source=f"magika=={version} (wheel {wheel.name}):"
+                    f"magika/models/{name}/model.onnx")
+
+    def _add_magika(self, model: Path, config: dict[str, Any], kb: dict[str, Any], *, name: str,
+                    source: str) -> ModelManifest:
         labels: list[str] = list(config["target_labels_space"])
         # Text-ness of every label the output can take (model labels and overwrite targets).
         candidates = set(labels) | set(config["overwrite_map"].values()) | {"txt", "unknown"}
         text_labels = sorted(c for c in candidates if kb.get(c, {}).get("is_text", False))
         inputs, outputs = _onnx_signature(model)
-        version = importlib.metadata.version("magika")
         return self.add(
             model,
             {
-                "name": "magika-standard_v3_3",
+                "name": f"magika-{name}",
                 "engine": "onnxruntime",
                 "interface": "magika",
                 "preprocessing_version": "magika-features-v2",
@@ -324,7 +363,8 @@ class ModelStore:
                         "unknown",
                     ).model_dump(),
                     "top_k": ParamDoc(
-                        default=3, doc="how many (label, score) pairs to return, 0..214"
+                        default=3, doc=f"how many (label, score) pairs to return, "
+                        f"0..{len(labels)}"
                     ).model_dump(),
                 },
                 "config": {
@@ -345,7 +385,7 @@ class ModelStore:
                         )
                     },
                 },
-                "source": f"magika=={version}:magika/models/standard_v3_3/model.onnx",
+                "source": source,
             },
         )
 

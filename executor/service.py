@@ -85,6 +85,8 @@ from broker_schema.records import (
     RejectCode,
     RejectedRecord,
     ResponseRecord,
+    ShadowEvalRecord,
+    ShadowReportRecord,
     SpecRecord,
     StreamRef,
 )
@@ -673,8 +675,8 @@ class ExecutorService:
                     continue
                 fresh = renewed(accepted, now_us)
                 try:
-                    await self._produce("accepted", topics.resp(fresh.header.workload_id),
-                                        encode(fresh), effect_id.encode())
+                    topic = topics.resp_for(fresh.header.workload_id, fresh.header.shadow)
+                    await self._produce("accepted", topic, encode(fresh), effect_id.encode())
                 except KafkaError as exc:
                     log.warning("lease renewal of %s not written: %r", effect_id, exc)
                     continue
@@ -794,17 +796,20 @@ class ExecutorService:
                 self.metrics.ignored.labels("kind_not_served").inc()
             tracker.done(key, msg.offset)
             return
-        workload_id = topics.parse(msg.topic)[0]
-        if record.header.workload_id != workload_id:
+        workload_id, shadow = topics.request_topic(msg.topic)
+        if record.header.workload_id != workload_id or record.header.shadow != shadow:
+            what = (f"shadow evaluation {record.header.shadow} of " if record.header.shadow
+                    else "")
             await self._reject(
                 msg, "wrong_workload",
-                f"request for workload {record.header.workload_id} on {msg.topic}",
+                f"request for {what}workload {record.header.workload_id} on {msg.topic}",
             )
             tracker.done(key, msg.offset)
             return
-        if workload_id not in synced:
-            await self._sync_workload(workload_id)
-            synced.add(workload_id)
+        sync_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
+        if sync_key not in synced:
+            await self._sync_workload(workload_id, shadow=shadow)
+            synced.add(sync_key)
         await self._wait_for_room(kind, record)
         status = await self._model_status(record.model) if record.model else "absent"
         now_ns = time.time_ns()
@@ -835,7 +840,7 @@ class ExecutorService:
         elif isinstance(decision, Refuse):
             self._spawn(self._write_refusal(decision.response, kind, key, msg.offset, read_mono))
         elif isinstance(decision, Admit):
-            accepted = (topics.resp(workload_id), encode(decision.accepted),
+            accepted = (topics.resp_for(workload_id, shadow), encode(decision.accepted),
                         decision.job.effect_id.encode())
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
@@ -850,8 +855,8 @@ class ExecutorService:
         read_mono: float,
     ) -> None:
         signed = self.identity.sign_response(response)
-        await self._produce("response", topics.resp(response.header.workload_id), encode(signed),
-                            response.effect_id.encode())
+        topic = topics.resp_for(response.header.workload_id, response.header.shadow)
+        await self._produce("response", topic, encode(signed), response.effect_id.encode())
         code = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, code).inc()
         self.metrics.request_seconds.labels(kind, response.outcome).observe(
@@ -898,9 +903,10 @@ class ExecutorService:
         await self._produce("reject", topics.REJECTS, encode(record), msg.topic.encode())
 
     # ------------------------------------------------------------------------------ claims, spec
-    async def _sync_workload(self, workload_id: str, *, attempt_s: float = 15.0,
-                             max_backoff_s: float = 10.0) -> None:
-        """Read ``.claims`` and ``.spec`` of ``workload_id`` up to their end offsets now.
+    async def _sync_workload(self, workload_id: str, *, shadow: str | None = None,
+                             attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
+        """Read ``.claims`` and ``.spec`` of ``workload_id`` (and the ``.eval`` of its shadow
+        evaluation ``shadow``) up to their end offsets now.
 
         Fencing decisions rest on this state, so a failed catch-up is retried (with backoff)
         until it succeeds or the service stops: deciding on a stale spec or epoch would be a
@@ -910,7 +916,8 @@ class ExecutorService:
         delay = 0.5
         while True:
             try:
-                await asyncio.wait_for(self._sync_workload_inner(workload_id), attempt_s)
+                await asyncio.wait_for(self._sync_workload_inner(workload_id, shadow),
+                                       attempt_s)
                 return
             except (TimeoutError, KafkaError) as exc:
                 self.metrics.sync_failures.inc()
@@ -919,7 +926,7 @@ class ExecutorService:
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_backoff_s)
 
-    async def _sync_workload_inner(self, workload_id: str) -> None:
+    async def _sync_workload_inner(self, workload_id: str, shadow: str | None = None) -> None:
         side = self._side
         assert side is not None
         async with self._side_lock:
@@ -927,8 +934,11 @@ class ExecutorService:
                 TopicPartition(topics.claims(workload_id), 0),
                 TopicPartition(topics.spec(workload_id), 0),
             ]
-            if workload_id not in self._watched:
-                self._watched[workload_id] = tps
+            if shadow is not None:
+                tps.append(TopicPartition(topics.shadow_stream(workload_id, shadow, "eval"), 0))
+            watch_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
+            if watch_key not in self._watched:
+                self._watched[watch_key] = tps
                 # Re-assigning resets positions to the beginning: reading again is idempotent.
                 side.assign([tp for group in self._watched.values() for tp in group])
             assert self._probe is not None
@@ -953,6 +963,11 @@ class ExecutorService:
             self.state.observe_claim(record)
         elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
             self.state.observe_spec(record, msg.offset)
+        elif (isinstance(record, ShadowEvalRecord) and record.workload_id == workload_id
+              and msg.topic == topics.shadow_stream(workload_id, record.eval_id, "eval")):
+            self.state.observe_shadow(record)
+        elif isinstance(record, ShadowReportRecord):
+            pass  # an evaluation's result: nothing an executor decides on
         else:
             log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)
 
@@ -1312,7 +1327,8 @@ class ExecutorService:
                     finished_us=finished_us,
                 )
         signed = self.identity.sign_response(response)
-        await self._produce("response", topics.resp(job.request.header.workload_id),
+        await self._produce("response", topics.resp_for(job.request.header.workload_id,
+                                            job.request.header.shadow),
                             encode(signed), job.effect_id.encode())
         label: str = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, label).inc()

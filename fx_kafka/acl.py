@@ -4,7 +4,8 @@ Roles and what each may do (``User:<name>`` principals, SASL user names):
 
 ============  =================================================================================
 executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an input may be a stream
-              reference into its own workload) and writes ``wl.<id>.resp``; writes ``sys.facts``
+              reference into its own workload) and writes ``wl.<id>.resp``; reads and writes
+              the shadow evaluations' topics (``wl.<id>.shadow.*``, PREFIXED); writes ``sys.facts``
               and ``sys.rejects``, reads and writes ``sys.chunks`` (and may create those three);
               joins the consumer groups ``<group prefix>.<kind>``. Nothing else: it cannot write
               ``.out``, ``.merge``, ``.claims`` or ``.spec``.
@@ -14,7 +15,8 @@ holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, 
               ``sys.facts``. One holder principal per workload keeps
               workloads apart: the holder of one cannot read or write another's streams.
 producer      writes ``wl.<id>.in`` only.
-operator      reads and describes every topic (``*``); writes ``wl.<id>.spec``, creates the
+operator      reads and describes every topic (``*``); writes ``wl.<id>.spec`` and the shadow
+              evaluations' topics (``fx shadow``, ``wl.<id>.shadow.*``), creates the
               workload's topics and deletes records below the audit horizon (``fx trim``);
               writes (and creates) ``sys.keys``, the node key history (``fx keys``).
 ============  =================================================================================
@@ -167,6 +169,9 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
                          topics.inputs(wid)):
                 out += _grant(ex, T, name, LIT, R, D)
             out += _grant(ex, T, topics.resp(wid), LIT, W, D)
+            # shadow evaluations (fx shadow): read their requests and definitions, answer on
+            # their .resp; every evaluation of the workload, named or not yet
+            out += _grant(ex, T, topics.shadow_prefix(wid), PRE, R, W, D)
         if roles.holder:
             ho = _user(roles.holder)
             out += _grant(ho, T, topics.prefix(wid), PRE, R, W, C, D, Operation.DESCRIBE_CONFIGS,
@@ -180,6 +185,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
             op = _user(roles.operator)
             out += _grant(op, T, topics.prefix(wid), PRE, C)
             out += _grant(op, T, topics.spec(wid), LIT, W)
+            # fx shadow writes an evaluation's definition, requests and timeouts
+            out += _grant(op, T, topics.shadow_prefix(wid), PRE, W)
             for name in (topics.inputs(wid), topics.out(wid), topics.resp(wid),
                          topics.merge(wid)):
                 out += _grant(op, T, name, LIT, Operation.DELETE)

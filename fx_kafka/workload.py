@@ -41,6 +41,14 @@ async def ensure_workload_topics(bootstrap: str, workload_id: str, *,
     return names
 
 
+async def ensure_shadow_topics(bootstrap: str, workload_id: str, eval_id: str) -> list[str]:
+    """Create a shadow evaluation's ``wl.<id>.shadow.<eval>.eval/.out/.resp`` (one partition
+    each, append-time timestamps, no retention) if they do not exist yet; return their names."""
+    names = [topics.shadow_stream(workload_id, eval_id, s) for s in topics.SHADOW_STREAMS]
+    await create_topics(bootstrap, names, partitions=1, configs=WORKLOAD_TOPIC_CONFIGS)
+    return names
+
+
 #: DescribeConfigs error for a topic the answering broker does not know (yet).
 _UNKNOWN_TOPIC = 3
 

@@ -237,3 +237,52 @@ def test_a_lease_is_renewed_each_third_of_it_and_the_renewal_only_moves_its_star
     assert again.accepted_us == 2_000_000
     assert again.model_copy(update={"accepted_us": acc.accepted_us}) == acc
     assert not renewal_due(again, 2_500_000) and renewal_due(again, 3_000_000)
+
+
+# ---------------------------------------------------------------------------------- shadows
+
+
+def _shadow_def(models: dict[str, str], eval_id: str = "ev1") -> object:
+    from broker_schema import ShadowEvalRecord
+
+    return ShadowEvalRecord(eval_id=eval_id, workload_id=WL, models=models, mode="history",
+                            from_seq=0, to_seq=9, deadline_ms=60_000, created_ms=1,
+                            created_by="t")
+
+
+def _shadow(req: object, eval_id: str = "ev1") -> object:
+    header = req.header.model_copy(update={"shadow": eval_id})  # type: ignore[attr-defined]
+    return req.model_copy(update={"header": header})  # type: ignore[attr-defined]
+
+
+def test_a_shadow_request_needs_its_evaluations_definition() -> None:
+    st = state()
+    d = run(st, _shadow(request(WL, M2, epoch=2)))
+    assert refusal_code(d) == "shadow_unknown"
+
+
+def test_a_shadow_request_is_bound_by_the_spec_with_the_evaluations_rebinding() -> None:
+    st = state()
+    st.observe_shadow(_shadow_def({"m": M2}))  # type: ignore[arg-type]
+    # the rebound model is admitted, under the shadow id; the live one is not bound any more
+    d = run(st, _shadow(request(WL, M2, epoch=2)))
+    assert isinstance(d, Admit) and d.accepted.effect_id.startswith("shadow:ev1/")
+    assert d.accepted.header.shadow == "ev1"
+    assert refusal_code(run(st, _shadow(request(WL, M1, epoch=2, index=1)))) == "model_unbound"
+    # the live request names the live binding only
+    assert refusal_code(run(st, request(WL, M2, epoch=2))) == "model_unbound"
+
+
+def test_a_shadow_request_of_an_older_epoch_is_not_stale() -> None:
+    st = state()
+    st.observe_claim(claim(WL, 5))
+    st.observe_shadow(_shadow_def({"m": M2}))  # type: ignore[arg-type]
+    assert refusal_code(run(st, request(WL, M1, epoch=2))) == "stale_epoch"
+    assert isinstance(run(st, _shadow(request(WL, M2, epoch=2))), Admit)
+
+
+def test_the_first_definition_of_an_evaluation_wins() -> None:
+    st = state()
+    assert st.observe_shadow(_shadow_def({"m": M2}))  # type: ignore[arg-type]
+    assert not st.observe_shadow(_shadow_def({"m": M1}))  # type: ignore[arg-type]
+    assert st.shadows[(WL, "ev1")].models == {"m": M2}

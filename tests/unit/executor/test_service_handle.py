@@ -78,7 +78,7 @@ async def _service(tmp_path: Path, **engines: Any) -> tuple[ExecutorService, Fak
     producer = FakeProducer()
     svc._producer = producer  # type: ignore[assignment]
 
-    async def no_sync(workload_id: str) -> None:
+    async def no_sync(workload_id: str, *, shadow: str | None = None) -> None:
         return None
 
     svc._sync_workload = no_sync  # type: ignore[method-assign]
@@ -218,7 +218,7 @@ async def test_failed_claims_catch_up_is_retried_never_decided_on_stale_state(
     del svc._sync_workload  # the real retrying method again, over a failing inner read
     attempts: list[int] = []
 
-    async def flaky(workload_id: str) -> None:
+    async def flaky(workload_id: str, shadow: str | None = None) -> None:
         attempts.append(1)
         if len(attempts) < 3:
             raise KafkaConnectionError("broker away")
