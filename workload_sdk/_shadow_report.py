@@ -32,8 +32,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"steps {report['from_seq']}..{report['to_seq']}: {report['steps']} folded, "
         f"{report['decisions']} decisions compared",
         f"requests re-issued: {report['requests']} ({report['answered']} answered: "
-        f"{_short(report['shadow_outcomes'])}); outputs that differ: {report['outputs_differ']} "
-        f"(label changes: {report['label_changes']})",
+        f"{_short(report['shadow_outcomes'])}); answers that differ: {report['outputs_differ']} "
+        f"(label changes: {report['label_changes']}, other outcomes: "
+        f"{sum(1 for r in report['per_request'] if r['outcome'][0] != r['outcome'][1])})",
         f"decisions that differ: {report['decisions_differ']}"
         + (f" (and {report['decisions_renamed_only']} that differ only in the model hash they "
            "name)" if report["decisions_renamed_only"] else ""),
@@ -52,6 +53,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _label_changed(row: dict[str, Any]) -> bool:
+    return "label" in row and row["label"][0] != row["label"][1]
+
+
 def render_text(report: dict[str, Any], *, rows: int = 20) -> str:
     """The summary, then the first ``rows`` differing decisions and output differences."""
     lines = summary_lines(report)
@@ -66,9 +71,12 @@ def render_text(report: dict[str, Any], *, rows: int = 20) -> str:
                 new = {k: new.get(k) for k in d["fields"]}
             lines.append(f"  {d['seq']:>6} {d['index']:>3}  {_short(rec, 40):40}  "
                          f"{_short(new, 40)}")
-    changed = [r for r in report["per_request"] if not r["same"]]
+    changed = sorted((r for r in report["per_request"] if not r["same"]),
+                     key=lambda r: (not _label_changed(r), r["outcome"][0] == r["outcome"][1],
+                                    r["seq"], r["index"]))
     if changed:
-        lines += ["", f"answers that differ ({len(changed)} of {len(report['per_request'])}; "
+        lines += ["", f"answers that differ ({len(changed)} of {len(report['per_request'])}, "
+                  "label changes and other outcomes first; "
                   f"first {min(rows, len(changed))}):",
                   f"  {'step':>6} {'idx':>3}  {'outcome':18} {'label':24} {'score':>17}  tokens"]
         for r in changed[:rows]:
@@ -92,23 +100,26 @@ def plot_png(report: dict[str, Any]) -> bytes:
     import matplotlib.pyplot as plt
 
     lo, hi = report["from_seq"], report["to_seq"]
-    fig, ax = plt.subplots(figsize=(10, 3.2), dpi=100)
-    answer_steps = [r["seq"] for r in report["per_request"] if not r["same"]]
-    label_steps = [r["seq"] for r in report["per_request"]
-                   if "label" in r and r["label"][0] != r["label"][1]]
-    same_steps = [r["seq"] for r in report["per_request"] if r["same"]]
+    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
+    rows = report["per_request"]
+    same = [r["seq"] for r in rows if r["same"]]
+    label = [r["seq"] for r in rows if _label_changed(r) or r["outcome"][0] != r["outcome"][1]]
+    other = [r["seq"] for r in rows if not r["same"] and not _label_changed(r)
+             and r["outcome"][0] == r["outcome"][1]]
     decision_steps = [d["seq"] for d in report["differing"]]
-    ax.scatter(same_steps, [0] * len(same_steps), marker="|", s=60, color="#bbbbbb",
-               label=f"answer the same ({len(same_steps)})")
-    ax.scatter(answer_steps, [1] * len(answer_steps), marker="|", s=120, color="#e69f00",
-               label=f"answer differs ({len(answer_steps)}; label changes {len(label_steps)})")
-    ax.scatter(decision_steps, [2] * len(decision_steps), marker="|", s=160, color="#d55e00",
+    ax.scatter(same, [0] * len(same), marker="|", s=60, color="#999999",
+               label=f"answer the same ({len(same)})")
+    ax.scatter(other, [1] * len(other), marker="|", s=60, color="#56b4e9",
+               label=f"answer differs, same label or outcome ({len(other)})")
+    ax.scatter(label, [2] * len(label), marker="|", s=140, color="#e69f00",
+               label=f"label or outcome changes ({len(label)})")
+    ax.scatter(decision_steps, [3] * len(decision_steps), marker="|", s=160, color="#d55e00",
                label=f"decision differs ({len(decision_steps)})")
     if report["requests_diverged_at"] is not None:
         ax.axvline(report["requests_diverged_at"], color="#0072b2", linestyle="--",
                    label=f"requests diverge (step {report['requests_diverged_at']})")
-    ax.set_yticks([0, 1, 2], ["same", "answer", "decision"])
-    ax.set_ylim(-0.7, 2.7)
+    ax.set_yticks([0, 1, 2, 3], ["same", "score only", "label", "decision"])
+    ax.set_ylim(-0.7, 3.7)
     ax.set_xlim(lo - 0.5, hi + 0.5)
     ax.set_xlabel("step (input offset on the merge log)")
     models = ", ".join(f"{n} → {_hash8(h)}" for n, h in sorted(report["models"].items()))
@@ -149,7 +160,8 @@ def render_html(report: dict[str, Any], *, rows: int = 200) -> str:
                          f"<td><code>{esc(json.dumps(d['shadow'], sort_keys=True))}</code></td>"
                          "</tr>")
         parts.append("</table>")
-    changed = [r for r in report["per_request"] if not r["same"]]
+    changed = sorted((r for r in report["per_request"] if not r["same"]),
+                     key=lambda r: (not _label_changed(r), r["seq"], r["index"]))
     parts.append(f"<h2>Answers that differ ({len(changed)} of {len(report['per_request'])})</h2>")
     if changed:
         parts.append("<table><tr><th>step</th><th>effect id</th><th>outcome</th><th>label</th>"

@@ -21,6 +21,7 @@ from broker_schema import (
     TickRecord,
     canonical_json,
     decode,
+    encode,
 )
 from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
 from workload_sdk import (
@@ -432,3 +433,50 @@ def test_outcomes_and_ticks_are_judged_on_merged_broker_time() -> None:
     assert not tick_due(core, times, broker_now_ms=1050, tick_in_flight=False, **tick)
     assert tick_due(core, times, broker_now_ms=1051, tick_in_flight=False, **tick)
     assert not tick_due(core, times, broker_now_ms=1051, tick_in_flight=True, **tick)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.integers(0, 9), min_size=0, max_size=20),
+       delays=st.lists(st.integers(1, 40), max_size=20),
+       sizes=st.lists(st.integers(1, 7), min_size=1, max_size=10),
+       limit=st.integers(1, 4), snap=st.integers(1, 4))
+def test_the_holder_round_does_not_depend_on_how_it_is_cut_into_batches(
+        values: list[int], delays: list[int], sizes: list[int], limit: int,
+        snap: int) -> None:
+    """The pure holder step (``merge_batch``): the same buffered records, merged in
+    transactions of any sizes, give the same records in the same order as one transaction,
+    and the same fold."""
+    from collections import deque
+
+    from workload_sdk._round import merge_batch
+
+    spec = make_spec(limit=limit, snapshot_every=snap)
+    ins = [_item("in", i, 1000 + 10 * i, _input(v)) for i, v in enumerate(values)]
+
+    def run(cuts: list[int], resps: list[Item]) -> tuple[list[tuple[str, str]], Any, int]:
+        core = Core.initial(Asker(), WID)
+        bufs: dict[str, Any] = {"in": deque(ins), "resp": deque(resps)}
+        written: list[tuple[str, str]] = []
+        for k in range(500):
+            batch = merge_batch(core, spec, bufs, epoch=1, now_resp_ms=None,
+                                max_batch=cuts[k % len(cuts)])
+            assert batch.failure is None
+            written += [(s, encode(r).decode()) for s, r in batch.records]
+            if not batch.records:
+                break
+        return written, canonical_json(core.state), core.seq
+
+    # the answers: one per request a first run issues, each some time after its input
+    first = run([10**6], [])
+    reqs = [decode(r.encode()) for s, r in first[0] if s == "out"]
+    resps = []
+    for n, r in enumerate(x for x in reqs if isinstance(x, EffectRequest)):
+        t = ins[min(n, len(ins) - 1)].time_ms + (delays[n % len(delays)] if delays else 5)
+        resps.append(_item("resp", n, t, ResponseRecord(
+            effect_id=r.effect_id, header=r.header, request_offset=0, outcome="ok",
+            output=InlineBody.of_json(1), written_by="e")))
+    resps.sort(key=lambda it: it.time_ms)
+    resps = [_item("resp", n, it.time_ms, it.record) for n, it in enumerate(resps)]
+    whole = run([10**6], resps)
+    assert run(sizes, resps) == whole
+    assert run([1], resps) == whole
