@@ -49,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from executor.integer import _paths, artifact, fidelity
-from executor.integer.generate import GenRequest, generate_batch, to_host
-from executor.integer.oracle import RESID_LIMIT, FixedPointOverflow, KVCache, OracleOps, forward
-from executor.integer.sampling import SamplingParams
-from executor.integer.tokenizer import Tokenizer
+from fx_integer import _paths, artifact, fidelity
+from fx_integer.generation import GenRequest, generate_batch, to_host
+from fx_integer.oracle import RESID_LIMIT, FixedPointOverflow, KVCache, OracleOps, forward
+from fx_integer.sampling import SamplingParams
+from fx_integer.tokenizer import Tokenizer
 
 HBM_BYTES_PER_S = 4.8e12
 FULL_MODEL_HASH = "e4ea34754fe65130fb25fce568e6c657bc1e6d187221284fbce78ac3ddec8102"
@@ -248,7 +248,7 @@ def main() -> int:
     if n_dev < 1:
         print("no CUDA device visible to CuPy (0 devices)", file=sys.stderr)
         return 2
-    from executor.integer.cupy_backend import CupyOps
+    from fx_integer.cupy_backend import CupyOps
 
     name = cp.cuda.runtime.getDeviceProperties(0).get("name", b"?")
     out["device"] = name.decode(errors="replace") if isinstance(name, bytes) else str(name)

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from executor.integer import _paths, artifact
-from executor.integer.float_ref import FloatOps
-from executor.integer.generate import to_host
-from executor.integer.oracle import KVCache, Ops, OracleOps, forward
-from executor.integer.tokenizer import Tokenizer
+from fx_integer import _paths, artifact
+from fx_integer.float_ref import FloatOps
+from fx_integer.generation import to_host
+from fx_integer.oracle import KVCache, Ops, OracleOps, forward
+from fx_integer.tokenizer import Tokenizer
 
 PROMPT = "Once upon a time, there was a little girl who lived in a small village near the forest."
 
@@ -53,7 +53,7 @@ def main() -> int:
     engines: list[tuple[str, Ops]] = [("float32 numpy (reference)", FloatOps(art)),
                                       ("integer oracle (numpy)", OracleOps(art))]
     if a.cpu_kernel:
-        from executor.integer.cpu_kernel import CpuKernelOps
+        from fx_integer.cpu_kernel import CpuKernelOps
 
         engines.append(("integer .cu on CPU (g++, 1 thread)", CpuKernelOps(art, threads=1)))
     res: list[dict[str, Any]] = []

@@ -155,7 +155,7 @@ def merge(workload_id: str) -> str:
 
 def ledger(node_id: str) -> str:
     """``sys.ledger.<node id>``: every receipt the node signed, with its signed checkpoints
-    (:mod:`executor.integer.ledger`). ``ValueError`` for a node id Kafka cannot name a topic
+    (:mod:`fx_integer.ledger`). ``ValueError`` for a node id Kafka cannot name a topic
     after."""
     name = LEDGER_PREFIX + node_id
     if not _TOPIC_CHARS_RE.fullmatch(node_id) or len(name) > _MAX_TOPIC_LEN:

@@ -1,6 +1,6 @@
 """The mode B executor: consume effect requests, fence, accept, run an engine, respond.
 
-Import-light on purpose: importing ``executor`` (or ``executor.integer``, the integer engine and
+Import-light on purpose: importing ``executor`` (or ``fx_integer``, the integer engine and
 its verifier) pulls in no aiokafka, FastAPI or ONNX Runtime. The service lives in
 :mod:`executor.service`; the pure decision core in :mod:`executor.core`; the model store in
 :mod:`executor.models`; engines under :mod:`executor.engines`; the chunk store in

@@ -1,6 +1,6 @@
 """``fx executor run``, ``fx models import|list|verify``, ``fx chunk put|get``, ``fx ledger``
-(plus the integer engine's commands when :mod:`executor.integer.cli` is there:
-``fx models import-int``, ``fx eval fidelity``, ``fx verify``)."""
+and the integer engine's commands from :mod:`executor.integer_cli` (``fx models import-int``,
+``fx eval fidelity``, ``fx verify``)."""
 
 from __future__ import annotations
 
@@ -164,18 +164,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     store_args(ver)
     ver.set_defaults(func=_verify)
 
+    from executor import integer_cli
     from executor.chunk_cli import add_chunk
     from executor.ledger_cli import add_ledger
 
     add_chunk(subparsers)
     add_ledger(subparsers)
-
-    try:
-        from executor.integer import cli as integer_cli
-    except ModuleNotFoundError as exc:
-        if exc.name != "executor.integer.cli":
-            raise
-        return
     integer_cli.add_models_import_int(models_sub)
     integer_cli.add_eval(subparsers)
     integer_cli.add_verify(subparsers)

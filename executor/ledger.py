@@ -1,6 +1,6 @@
 """The node's receipt ledger on Kafka (``sys.ledger.<node id>``) and its reading.
 
-The formats, the Merkle tree and every check live in :mod:`executor.integer.ledger` (pure, for
+The formats, the Merkle tree and every check live in :mod:`fx_integer.ledger` (pure, for
 verifiers); this module holds the broker side: :class:`LedgerWriter`, which the service calls for
 every receipt it signs (the leaf, then a checkpoint signed with the node's key, both acks=all,
 before the response that carries the receipt is written), and :func:`read_ledger`, which reads a
@@ -19,7 +19,7 @@ from typing import Any
 
 from broker_schema import signatures, topics
 from executor.identity import NodeIdentity
-from executor.integer import ledger as L
+from fx_integer import ledger as L
 
 __all__ = ["LedgerWriter", "read_ledger"]
 

@@ -1,7 +1,7 @@
 """``fx ledger prove|consistency|watch``: proofs from, and a monitor of, a node's receipt ledger.
 
 Every command reads ``sys.ledger.<node>`` (or ``--topic``, a copy of it) from the beginning and
-audits it (:func:`executor.integer.ledger.audit`). The checkpoints are checked with ``--key``
+audits it (:func:`fx_integer.ledger.audit`). The checkpoints are checked with ``--key``
 (the node's public key: base64 as on ``sys.facts``, or hex as in receipts); without it the key
 the ledger's first receipt names is used, and the output says so: that proves the ledger is
 self-consistent, not who wrote it.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_schema import signatures
-from executor.integer import ledger as L
+from fx_integer import ledger as L
 
 __all__ = ["add_ledger"]
 

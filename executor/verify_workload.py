@@ -22,8 +22,8 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
 6. **the context**: the receipt's ``context`` names the response's effect id, workload, epoch
    and ``receipt.manifest_hash``; its ``request_hash`` is the request's ``record_hash`` and its
    ``prompt_text_hash`` the hash of the request's prompt text; ``output_text_hash`` is the hash
-   of the response's ``text`` (:func:`executor.integer.receipt.check_record`);
-7. **the receipt itself** (:func:`executor.integer.receipt.verify`): its signature, input and
+   of the response's ``text`` (:func:`fx_integer.receipt.check_record`);
+7. **the receipt itself** (:func:`fx_integer.receipt.verify`): its signature, input and
    output hashes, then the numpy oracle re-executes the request on the CPU from the committed
    artifact (found by modelHash: ``--artifact``, the model store, then the cache; its sha256 must
    equal the modelHash) and output tokens and logits digest must be identical.
@@ -60,7 +60,7 @@ from executor.identity import verify_response
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
-    from executor.integer.engine import IntegerEngine
+    from fx_integer.engine import IntegerEngine
 
 __all__ = [
     "ReceiptCheck",
@@ -190,10 +190,10 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
     the integer engine's cache whose sha256 is the modelHash, with an oracle engine over it, and
     the parameter defaults of the store's manifest (else the documented defaults)."""
     from executor.engines.integer import default_params
-    from executor.integer import _paths
-    from executor.integer.artifact import ArtifactError
-    from executor.integer.engine import IntegerEngine
     from executor.models import ModelManifest
+    from fx_integer import _paths
+    from fx_integer.artifact import ArtifactError
+    from fx_integer.engine import IntegerEngine
 
     def resolve(model_hash: str) -> Resolved:
         defaults = default_params()
@@ -251,7 +251,7 @@ def _check_request(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[s
                    request: EffectRequest | None, found: Resolved) -> None:
     from executor.engines.integer import request_params
     from executor.errors import OutcomeError
-    from executor.integer.engine import ParamError
+    from fx_integer.engine import ParamError
 
     if request is None:
         check.reasons.append(f"no request at offset {resp.request_offset} of .out: the receipt "
@@ -292,7 +292,7 @@ def _check_context(check: ReceiptCheck, receipt: Mapping[str, Any],
                    request: EffectRequest | None) -> None:
     """The receipt's ``request_hash`` and ``prompt_text_hash`` against the request on .out."""
     from broker_schema import record_hash
-    from executor.integer.receipt import text_hash
+    from fx_integer.receipt import text_hash
 
     ctx = receipt.get("context")
     if request is None or not isinstance(ctx, dict):
@@ -326,7 +326,7 @@ def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[st
                   found: Resolved) -> None:
     """The record against the receipt (:func:`receipt.check_record`), then the text against the
     tokenizer's decoding of the receipt's output tokens."""
-    from executor.integer.receipt import check_record
+    from fx_integer.receipt import check_record
 
     reasons, passed, notes = check_record(resp.model_dump(mode="json"), dict(receipt),
                                           check_signature=False)
@@ -373,7 +373,7 @@ def verify_records(
     not authenticated."""
     trusted = None if trusted_keys is None else set(trusted_keys)
     from executor.engines.integer import ENGINE
-    from executor.integer import receipt as rc
+    from fx_integer import receipt as rc
 
     skipped: dict[str, int] = {}
     problems: list[str] = []

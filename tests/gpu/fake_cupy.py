@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from executor.integer import cpu_kernel
+from fx_integer import cpu_kernel
 
 # C parameter type (after `const`/`__restrict__` are dropped) -> numpy dtype
 _POINTEE = {"signed char": np.int8, "unsigned char": np.uint8, "int": np.int32,

@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import _paths, artifact
-from executor.integer.generate import GenRequest, generate_batch, to_host
-from executor.integer.oracle import KVCache, OracleOps, forward
-from executor.integer.sampling import SamplingParams
+from fx_integer import _paths, artifact
+from fx_integer.generation import GenRequest, generate_batch, to_host
+from fx_integer.oracle import KVCache, OracleOps, forward
+from fx_integer.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def cupy_ops_factory():  # type: ignore[no-untyped-def]
-    from executor.integer.cupy_backend import CupyOps, available
+    from fx_integer.cupy_backend import CupyOps, available
 
     if not available():
         pytest.skip("no CUDA device / CuPy")

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from executor.integer import artifact, cpu_kernel
-from executor.integer.generate import GenRequest, generate_batch, to_host
-from executor.integer.kernel_ops import SIGNATURES, kernel_source
-from executor.integer.oracle import FixedPointOverflow, KVCache, OracleOps, forward
-from executor.integer.sampling import SamplingParams
+from fx_integer import artifact, cpu_kernel
+from fx_integer.generation import GenRequest, generate_batch, to_host
+from fx_integer.kernel_ops import SIGNATURES, kernel_source
+from fx_integer.oracle import FixedPointOverflow, KVCache, OracleOps, forward
+from fx_integer.sampling import SamplingParams
 from tests.gpu import fake_cupy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def _prefill(ops: Any, toks: list[int]) -> bytes:
 
 def test_cupy_ops_on_the_fake_device(fake: Any, synth: artifact.Artifact,
                                      synth_oracle: OracleOps) -> None:
-    from executor.integer.cupy_backend import CupyOps, available
+    from fx_integer.cupy_backend import CupyOps, available
 
     assert available()
     for threads in (0, 1, 3):
@@ -80,7 +80,7 @@ def test_cupy_ops_on_the_fake_device(fake: Any, synth: artifact.Artifact,
 
 def test_deferred_overflow_flags(fake: Any, synth: artifact.Artifact,
                                  synth_oracle: OracleOps) -> None:
-    from executor.integer.cupy_backend import CupyOps
+    from fx_integer.cupy_backend import CupyOps
 
     gpu = CupyOps(synth)
     big = np.full((2, 8), 1 << 40, dtype=np.int64)
@@ -98,7 +98,7 @@ def test_deferred_overflow_flags(fake: Any, synth: artifact.Artifact,
 
 def test_the_fake_catches_a_python_int_for_an_int_parameter(
         fake: Any, synth: artifact.Artifact, monkeypatch: pytest.MonkeyPatch) -> None:
-    from executor.integer.cupy_backend import CupyOps
+    from fx_integer.cupy_backend import CupyOps
 
     gpu = CupyOps(synth)
 

@@ -80,7 +80,7 @@ def _topic_problems(rel: str, tree: ast.Module) -> Iterator[str]:
 
 HASH_HOME = {"broker_schema/canonical.py"}
 #: the integer engine's own formats are bare hex (its modelHash, receipt hashes): no prefix
-BARE_HEX_OK = ("broker_schema/", "executor/integer/", "bench/", "tests/")
+BARE_HEX_OK = ("broker_schema/", "fx_integer/", "bench/", "tests/")
 
 
 def _is_hexdigest_of_sha256(node: ast.AST) -> bool:
@@ -176,8 +176,8 @@ def test_layering() -> None:
                 problems.append(f"{rel}:{line}: workload_sdk imports {module}")
             top_level = any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line
                             for n in tree.body)
-            if (rel.startswith("executor/integer/") and rel != "executor/integer/cli.py"
-                    and head in PACKAGES and not module.startswith("executor.integer")
+            if (rel.startswith("fx_integer/") and rel != "executor/integer_cli.py"
+                    and head in PACKAGES and not module.startswith("fx_integer")
                     and (head != "broker_schema" or top_level)):
                 problems.append(f"{rel}:{line}: the integer engine imports {module}"
                                 + (" at module level" if top_level else ""))

@@ -72,12 +72,12 @@ from executor.engines.integer import (  # noqa: E402
     request_params,
 )
 from executor.identity import NodeIdentity  # noqa: E402
-from executor.integer import _fixed as fx  # noqa: E402
-from executor.integer import _paths, artifact, receipt, sampling  # noqa: E402
-from executor.integer.engine import KIND, IntegerEngine  # noqa: E402
-from executor.integer.generate import to_host  # noqa: E402
-from executor.integer.oracle import KVCache, forward  # noqa: E402
-from executor.integer.tokenizer import pre_tokenize  # noqa: E402
+from fx_integer import _fixed as fx  # noqa: E402
+from fx_integer import _paths, artifact, receipt, sampling  # noqa: E402
+from fx_integer.engine import KIND, IntegerEngine  # noqa: E402
+from fx_integer.generation import to_host  # noqa: E402
+from fx_integer.oracle import KVCache, forward  # noqa: E402
+from fx_integer.tokenizer import pre_tokenize  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 #: TEST-ONLY keys: public seeds, in this repository for everyone to read. Never use them.
@@ -540,7 +540,7 @@ def encode_json(obj: Any) -> str:
 def file_verdict(items: list[dict[str, Any]], *, trusted: list[str], reexecute: bool,
                  path: Path) -> tuple[int, dict[int, list[str]]]:
     """What ``fx verify FILE`` says (its loop, without printing): exit code, reasons per item."""
-    from executor.integer.cli import _unwrap, exit_code
+    from executor.integer_cli import _unwrap, exit_code
 
     fails: dict[int, list[str]] = {}
     prev = None

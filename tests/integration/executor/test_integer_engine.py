@@ -20,8 +20,8 @@ from broker_schema import record_hash, topics
 from broker_schema.records import AcceptedRecord, FactsRecord, InlineBody, ResponseRecord
 from executor.engines.integer import import_artifact
 from executor.identity import verify_response
-from executor.integer.receipt import GENESIS, receipt_hash
 from executor.models import ModelManifest, ModelStore
+from fx_integer.receipt import GENESIS, receipt_hash
 from tests.integration.executor.harness import (
     REPO,
     by_effect,

@@ -14,9 +14,9 @@ import pytest
 
 from broker_schema import signatures
 from executor.engines.integer import import_artifact
-from executor.integer import ledger as L
 from executor.ledger import read_ledger
 from executor.models import ModelManifest, ModelStore
+from fx_integer import ledger as L
 from fx_kafka.client import create_topics, make_producer
 from tests.integration.executor.harness import by_effect, executor_config, running, workload
 from tests.integration.executor.test_integer_engine import fx

@@ -34,11 +34,11 @@ from executor.engines.integer import (
 )
 from executor.errors import EngineError
 from executor.identity import NodeIdentity
-from executor.integer import artifact
-from executor.integer.engine import DEFAULTS, IntegerEngine
-from executor.integer.receipt import GENESIS, receipt_hash, verify
 from executor.models import ModelManifest, ModelStore
 from executor.verify_workload import WorkloadLog, artifact_resolver, render, verify_records
+from fx_integer import artifact
+from fx_integer.engine import DEFAULTS, IntegerEngine
+from fx_integer.receipt import GENESIS, receipt_hash, verify
 from tests.unit.executor.helpers import request
 
 
@@ -424,7 +424,7 @@ def _copy_without(log: WorkloadLog, index: int) -> WorkloadLog:
 def _fx_parser() -> Any:
     import argparse
 
-    from executor.integer import cli
+    from executor import integer_cli as cli
 
     ap = argparse.ArgumentParser(prog="fx")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker_schema as bs
-from executor.integer.receipt import ReceiptSigner, check_static, load_receipts, verify
+from fx_integer.receipt import ReceiptSigner, check_static, load_receipts, verify
 from tests.unit.fuzz.hostile import (
     FUZZ,
     HOSTILE_FLOATS,
@@ -215,7 +215,7 @@ _SIGNER = ReceiptSigner.generate(node_id="fz-node")
 
 
 def _receipt() -> dict[str, Any]:
-    from executor.integer.receipt import RECEIPT_VERSION, input_hash, output_hash
+    from fx_integer.receipt import RECEIPT_VERSION, input_hash, output_hash
 
     signer = ReceiptSigner(_SIGNER.key, node_id="fz-node")
     return signer.sign({

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import artifact
-from executor.integer.oracle import OracleOps
+from fx_integer import artifact
+from fx_integer.oracle import OracleOps
 from tests.unit.integer.real_model import real_artifact
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import _paths
+from fx_integer import _paths
 
 
 def real_artifact() -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.integer import _paths, artifact
+from fx_integer import _paths, artifact
 
 
 def test_synthetic_roundtrip_is_byte_stable(synth_path: Path, synth: artifact.Artifact) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from executor.integer import artifact
-from executor.integer.generate import to_host
-from executor.integer.oracle import (
+from fx_integer import artifact
+from fx_integer.generation import to_host
+from fx_integer.oracle import (
     QK_LIMIT,
     RESID_LIMIT,
     ROPE_X_LIMIT,
@@ -25,7 +25,7 @@ from executor.integer.oracle import (
 
 @pytest.fixture(scope="module")
 def backends(synth: artifact.Artifact) -> dict[str, Ops]:
-    from executor.integer.cpu_kernel import CpuKernelOps
+    from fx_integer.cpu_kernel import CpuKernelOps
 
     return {"oracle": OracleOps(synth), "cpu-kernel": CpuKernelOps(synth, threads=2)}
 
@@ -99,7 +99,7 @@ def test_accumulation_bound_fires_before_any_wrong_sum(backends: dict[str, Ops],
 
 
 def test_cpu_kernel_threads_are_validated(synth: artifact.Artifact) -> None:
-    from executor.integer.cpu_kernel import CpuKernelOps
+    from fx_integer.cpu_kernel import CpuKernelOps
 
     for bad in (0, 257):  # 0 ran no block (outputs silently zero); 257 overflowed NL_RED
         with pytest.raises(ValueError, match="threads per block"):
@@ -109,7 +109,7 @@ def test_cpu_kernel_threads_are_validated(synth: artifact.Artifact) -> None:
 def test_cpu_kernel_launches_are_serialised(backends: dict[str, Ops],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # the shim's blockDim, barrier and __shared__ arrays are process-wide: one launch at a time
-    from executor.integer import cpu_kernel
+    from fx_integer import cpu_kernel
 
     ops = backends["cpu-kernel"]
     held: list[bool] = []

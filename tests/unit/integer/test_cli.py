@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import cli
-from executor.integer.engine import IntegerEngine
-from executor.integer.receipt import ReceiptSigner
+from executor import integer_cli as cli
+from fx_integer.engine import IntegerEngine
+from fx_integer.receipt import ReceiptSigner
 
 
 def _parser() -> argparse.ArgumentParser:

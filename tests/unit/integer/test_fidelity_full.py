@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.integer import artifact, fidelity
+from fx_integer import artifact, fidelity
 
 pytestmark = pytest.mark.slow
 

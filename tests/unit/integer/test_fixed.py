@@ -6,8 +6,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from executor.integer import _fixed as fx
-from executor.integer.artifact import f32_to_fixed
+from fx_integer import _fixed as fx
+from fx_integer.artifact import f32_to_fixed
 
 
 def _ref_round(num: int, den: int) -> int:

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.integer import ledger as L
+from fx_integer import ledger as L
 
 # The Certificate Transparency reference leaves and tree heads (RFC 6962 / RFC 9162 hashing).
 CT_LEAVES = [bytes.fromhex(h) for h in (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor.integer.kernel_ops import SIGNATURES, kernel_source
+from fx_integer.kernel_ops import SIGNATURES, kernel_source
 
 
 def _nvrtc() -> object:

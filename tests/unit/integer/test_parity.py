@@ -17,17 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from executor.integer import artifact
-from executor.integer.generate import GenRequest, generate_batch, to_host
-from executor.integer.oracle import KVCache, Ops, OracleOps, forward
-from executor.integer.sampling import SamplingParams
+from fx_integer import artifact
+from fx_integer.generation import GenRequest, generate_batch, to_host
+from fx_integer.oracle import KVCache, Ops, OracleOps, forward
+from fx_integer.sampling import SamplingParams
 
 Factory = Callable[[artifact.Artifact], Ops]
 
 
 def _cpu(threads: int) -> Factory:
     def make(art: artifact.Artifact) -> Ops:
-        from executor.integer.cpu_kernel import CpuKernelOps
+        from fx_integer.cpu_kernel import CpuKernelOps
 
         return CpuKernelOps(art, threads=threads)
 
@@ -35,7 +35,7 @@ def _cpu(threads: int) -> Factory:
 
 
 def _cupy(art: artifact.Artifact) -> Ops:
-    from executor.integer.cupy_backend import CupyOps, available
+    from fx_integer.cupy_backend import CupyOps, available
 
     if not available():
         pytest.skip("no CUDA device / CuPy")
@@ -112,8 +112,8 @@ def test_generation_tokens_match_oracle(backend: Ops, synth_oracle: OracleOps) -
 
 _SUB = """
 import hashlib, sys
-from executor.integer import artifact
-from executor.integer.oracle import KVCache, OracleOps, forward
+from fx_integer import artifact
+from fx_integer.oracle import KVCache, OracleOps, forward
 art = artifact.load(sys.argv[1])
 ops = OracleOps(art)
 h = hashlib.sha256()
@@ -138,7 +138,7 @@ def test_oracle_bytes_independent_of_blas_threads(threads: str, synth_path: Path
 
 def test_full_model_cpu_kernel_matches_oracle(real: artifact.Artifact,
                                              real_oracle: OracleOps) -> None:
-    from executor.integer.cpu_kernel import CpuKernelOps
+    from fx_integer.cpu_kernel import CpuKernelOps
 
     k = CpuKernelOps(real, threads=1)
     toks = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from executor.integer.engine import IntegerEngine, ParamError
-from executor.integer.receipt import GENESIS, ReceiptSigner, receipt_hash, verify, verify_chain
+from fx_integer.engine import IntegerEngine, ParamError
+from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_hash, verify, verify_chain
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_run_result_shape(synth_engine: IntegerEngine) -> None:
 
 
 def test_engine_refuses_wrong_hash(synth_path: Path) -> None:
-    from executor.integer.artifact import ArtifactError
+    from fx_integer.artifact import ArtifactError
 
     with pytest.raises(ArtifactError):
         IntegerEngine(synth_path, expected_model_hash="ab" * 32)
@@ -100,7 +100,7 @@ def test_resigned_forgery_fails_reexecution(chain: list[dict[str, Any]],
     body = {k: v for k, v in chain[0].items()
             if k not in ("signature", "node_id", "seq", "prev_receipt_hash", "public_key")}
     body["output_tokens"] = [*body["output_tokens"][:-1], (body["output_tokens"][-1] + 1) % 300]
-    from executor.integer.receipt import output_hash
+    from fx_integer.receipt import output_hash
 
     body["output_hash"] = output_hash(body["output_tokens"])
     forged = forger.sign(body)
@@ -159,8 +159,8 @@ def test_malformed_receipt_fails_with_a_reason_never_an_exception(
 
 def test_reexecution_holds_receipt_params_to_request_ranges(
         synth_engine: IntegerEngine) -> None:
-    from executor.integer.engine import reexecute_receipt
-    from executor.integer.sampling import SamplingParams
+    from fx_integer.engine import reexecute_receipt
+    from fx_integer.sampling import SamplingParams
 
     receipt = synth_engine.run({"prompt": "the cat", "max_tokens": 2})["receipt"]
     for params in ({"temperature_q16": -65536}, {"top_p_q16": 0}, {"top_k": -1},
@@ -177,7 +177,7 @@ def test_reexecution_holds_receipt_params_to_request_ranges(
 
 
 def test_receipt_file_of_non_objects_is_a_value_error(tmp_path: Path) -> None:
-    from executor.integer.receipt import load_receipts
+    from fx_integer.receipt import load_receipts
 
     for text in ("[1, 2]", "5", "[[1]]", '{"a": 1}\n7\n'):
         f = tmp_path / "r.json"

@@ -14,8 +14,9 @@ import pytest
 
 from broker_schema import record_hash, signatures
 from broker_schema.records import EffectHeader, EffectRequest, InlineBody, ResponseRecord, Signature
-from executor.integer.engine import IntegerEngine
-from executor.integer.receipt import (
+from executor.verify_workload import ReceiptCheck, _check_context
+from fx_integer.engine import IntegerEngine
+from fx_integer.receipt import (
     RECEIPT_VERSION,
     ReceiptSigner,
     check_record,
@@ -23,7 +24,6 @@ from executor.integer.receipt import (
     text_hash,
     verify,
 )
-from executor.verify_workload import ReceiptCheck, _check_context
 
 PROMPT = "the cat"
 MANIFEST = "sha256:" + "ab" * 32

@@ -280,7 +280,7 @@ def test_the_secp256k1_vector_verifies_independently_and_in_the_project() -> Non
         encode_dss_signature,
     )
 
-    from executor.integer import receipt as rc
+    from fx_integer import receipt as rc
 
     vec = _load("secp256k1.json")
     key = ec.derive_private_key(int(vec["key"]["scalar_hex"], 16), ec.SECP256K1())
@@ -497,7 +497,7 @@ def test_independent_verdicts_on_negative_vectors(negative: dict[str, Any]) -> N
 def _cli(capsys: pytest.CaptureFixture[str], path: Path, args: list[str]
          ) -> tuple[int, dict[int, list[str]], dict[int, str]]:
     """``fx verify FILE ARGS``: exit code, FAIL reasons and status line per item."""
-    from executor.integer.cli import main
+    from executor.integer_cli import main
 
     code = main(["verify", str(path), *args])
     out = capsys.readouterr().out
@@ -517,7 +517,7 @@ def _cli(capsys: pytest.CaptureFixture[str], path: Path, args: list[str]
 def test_project_verifier_accepts_the_positive_vectors(
         vectors: list[dict[str, Any]], keys: dict[str, Any],
         capsys: pytest.CaptureFixture[str]) -> None:
-    from executor.integer import receipt
+    from fx_integer import receipt
 
     pk = keys["node"]["public_key_hex"]
     chain = receipt.load_receipts(VEC / "chain.jsonl")
@@ -548,11 +548,11 @@ def test_project_code_derives_the_stated_values(vectors: list[dict[str, Any]],
     from broker_schema import decode, encode, record_hash
     from broker_schema.records import EffectRequest, FactsRecord, ResponseRecord
     from executor.engines.integer import default_params, request_params
-    from executor.integer import _fixed as fx
-    from executor.integer import sampling
-    from executor.integer.engine import IntegerEngine
-    from executor.integer.tokenizer import pre_tokenize
     from executor.models import ModelManifest
+    from fx_integer import _fixed as fx
+    from fx_integer import sampling
+    from fx_integer.engine import IntegerEngine
+    from fx_integer.tokenizer import pre_tokenize
 
     eng = IntegerEngine.cached(real_path, expected_model_hash=vectors[0]["receipt"]["model_hash"])
     for v in vectors:
@@ -695,9 +695,9 @@ def test_reexecution_reproduces_every_byte(k: int, vectors: list[dict[str, Any]]
     from broker_schema.records import EffectRequest
     from executor.engines.integer import default_params, request_params
     from executor.identity import NodeIdentity
-    from executor.integer import receipt
-    from executor.integer.engine import IntegerEngine
-    from executor.integer.receipt import ReceiptSigner, receipt_context
+    from fx_integer import receipt
+    from fx_integer.engine import IntegerEngine
+    from fx_integer.receipt import ReceiptSigner, receipt_context
 
     make = _make_module()
     v = vectors[k]

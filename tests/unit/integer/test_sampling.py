@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executor.integer.sampling import SamplingParams, choose, random_u64, splitmix64, to_q16
+from fx_integer.sampling import SamplingParams, choose, random_u64, splitmix64, to_q16
 
 
 def test_splitmix_known_values() -> None:

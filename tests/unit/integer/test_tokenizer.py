@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from executor.integer import artifact
-from executor.integer.tokenizer import Tokenizer, pre_tokenize
+from fx_integer import artifact
+from fx_integer.tokenizer import Tokenizer, pre_tokenize
 
 
 @pytest.fixture(scope="module")

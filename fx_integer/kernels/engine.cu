@@ -1,4 +1,4 @@
-// The integer engine's kernels: one per oracle op (executor/integer/oracle.py).
+// The integer engine's kernels: one per oracle op (fx_integer/oracle.py).
 // Each computes exactly what the numpy op computes, with the same integer formulas.
 #include "common.cuh"
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import artifact
 from .float_ref import FloatOps
-from .generate import to_host
+from .generation import to_host
 from .oracle import KVCache, Ops, OracleOps, forward
 from .tokenizer import Tokenizer
 

@@ -9,10 +9,11 @@ Each ``add_*`` function adds ONE subparser to the given ``subparsers`` object an
 ``func(args) -> int`` (the exit code). ``register(subparsers)`` adds all three under the names
 ``import-int``, ``eval-fidelity`` and ``verify`` (for a flat command tree).
 
-``import-int`` also puts the artifact into the executor's model store and ``verify --workload``
-reads a workload's log from Kafka; both import the executor modules they need
-(``executor.models``, ``executor.engines.integer``, ``executor.verify_workload``) only when run, so
-the verifier of receipt files still needs nothing beyond numpy and cryptography.
+The engine itself is :mod:`fx_integer` (which imports no service); these commands are the
+executor's front door to it. ``import-int`` also puts the artifact into the executor's model store
+and ``verify --workload`` reads a workload's log from Kafka; both import the executor modules they
+need (``executor.models``, ``executor.engines.integer``, ``executor.verify_workload``) only when
+run, so ``fx verify RECEIPT_FILE`` loads no more than :mod:`fx_integer` and the wire contract.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import _paths
+from fx_integer import _paths
 
 
 def _store_dir(args: argparse.Namespace) -> Path:
@@ -81,7 +82,7 @@ def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse
 
 
 def _eval_fidelity(args: argparse.Namespace) -> int:
-    from . import artifact, fidelity
+    from fx_integer import artifact, fidelity
 
     path = Path(args.artifact) if args.artifact else _paths.ensure_artifact()
     art = artifact.load(path)
@@ -175,7 +176,7 @@ def _file_key_history(args: argparse.Namespace, fleet: list[bytes]) -> Any:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from . import receipt
+    from fx_integer import receipt
 
     if (args.receipt_file is None) == (args.workload is None):
         print("error: give a RECEIPT_FILE or --workload ID (one of the two)", file=sys.stderr)
@@ -301,7 +302,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m executor.integer.cli ...`` for use without the fx command."""
+    """``python -m executor.integer_cli ...`` for use without the fx command."""
     ap = argparse.ArgumentParser(prog="fx-integer")
     register(ap.add_subparsers(dest="cmd", required=True))
     args = ap.parse_args(argv)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from . import artifact
-from .generate import GenRequest, GenResult, generate_batch
+from .generation import GenRequest, GenResult, generate_batch
 from .oracle import Ops, OracleOps
 from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash, text_hash
 from .sampling import SamplingParams
