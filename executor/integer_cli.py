@@ -176,7 +176,7 @@ def _file_key_history(args: argparse.Namespace, fleet: list[bytes]) -> Any:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from fx_integer import receipt
+    from fx_integer import receipt, verifier
 
     if (args.receipt_file is None) == (args.workload is None):
         print("error: give a RECEIPT_FILE or --workload ID (one of the two)", file=sys.stderr)
@@ -206,11 +206,11 @@ def _verify(args: argparse.Namespace) -> int:
     for i, (r, record) in enumerate(items):
         print(f"verify: receipt {i + 1}/{len(items)} (re-executing on the CPU oracle)",
               file=sys.stderr, flush=True)
-        res = receipt.verify(r, prev=prev, **kw)
+        res = verifier.verify(r, prev=prev, **kw)
         prev = r
         reasons, checks, notes = list(res.reasons), list(res.checks), list(res.notes)
         if record is not None:
-            more = receipt.check_record(record, r)
+            more = verifier.check_record(record, r)
             reasons += more[0]
             checks += more[1]
             notes += more[2]

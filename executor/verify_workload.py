@@ -22,8 +22,8 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
 6. **the context**: the receipt's ``context`` names the response's effect id, workload, epoch
    and ``receipt.manifest_hash``; its ``request_hash`` is the request's ``record_hash`` and its
    ``prompt_text_hash`` the hash of the request's prompt text; ``output_text_hash`` is the hash
-   of the response's ``text`` (:func:`fx_integer.receipt.check_record`);
-7. **the receipt itself** (:func:`fx_integer.receipt.verify`): its signature, input and
+   of the response's ``text`` (:func:`fx_integer.verifier.check_record`);
+7. **the receipt itself** (:func:`fx_integer.verifier.verify`): its signature, input and
    output hashes, then the numpy oracle re-executes the request on the CPU from the committed
    artifact (found by modelHash: ``--artifact``, the model store, then the cache; its sha256 must
    equal the modelHash) and output tokens and logits digest must be identical.
@@ -324,9 +324,9 @@ def _check_context(check: ReceiptCheck, receipt: Mapping[str, Any],
 
 def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[str, Any],
                   found: Resolved) -> None:
-    """The record against the receipt (:func:`receipt.check_record`), then the text against the
-    tokenizer's decoding of the receipt's output tokens."""
-    from fx_integer.receipt import check_record
+    """The record against the receipt (:func:`fx_integer.verifier.check_record`), then the text
+    against the tokenizer's decoding of the receipt's output tokens."""
+    from fx_integer.verifier import check_record
 
     reasons, passed, notes = check_record(resp.model_dump(mode="json"), dict(receipt),
                                           check_signature=False)
@@ -374,6 +374,7 @@ def verify_records(
     trusted = None if trusted_keys is None else set(trusted_keys)
     from executor.engines.integer import ENGINE
     from fx_integer import receipt as rc
+    from fx_integer import verifier
 
     skipped: dict[str, int] = {}
     problems: list[str] = []
@@ -488,12 +489,12 @@ def verify_records(
                 (check.reasons if strict_chain else check.notes).append(gap)
         # 6. the receipt: signature, hashes, link, oracle re-execution
         if found_art.path is not None or not reexecute:
-            res = rc.verify(receipt, artifact_path=found_art.path, prev=prev,
+            res = verifier.verify(receipt, artifact_path=found_art.path, prev=prev,
                             reexecute=reexecute, trusted_keys=trusted)
             check.reasons.extend(res.reasons)
             check.checks.extend(res.checks)
         else:
-            static_reasons, passed = rc.check_static(receipt, prev=prev, trusted_keys=trusted)
+            static_reasons, passed = verifier.check_static(receipt, prev=prev, trusted_keys=trusted)
             check.reasons.extend(static_reasons)
             check.checks.extend(passed)
     if not found:

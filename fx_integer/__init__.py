@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from .artifact import Artifact, ArtifactError, load
     from .engine import ENGINE_NAME, ENGINE_VERSION, KIND, IntegerEngine, ParamError
     from .oracle import FixedPointOverflow
-    from .receipt import ReceiptSigner, VerifyResult, verify, verify_chain
+    from .receipt import ReceiptSigner
+    from .verifier import VerifyResult, verify, verify_chain
 
 #: public name -> the submodule that defines it
 _LAZY = {
@@ -29,9 +30,9 @@ _LAZY = {
     "ParamError": ".engine",
     "FixedPointOverflow": ".oracle",
     "ReceiptSigner": ".receipt",
-    "VerifyResult": ".receipt",
-    "verify": ".receipt",
-    "verify_chain": ".receipt",
+    "VerifyResult": ".verifier",
+    "verify": ".verifier",
+    "verify_chain": ".verifier",
 }
 
 __all__ = [

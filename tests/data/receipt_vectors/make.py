@@ -73,7 +73,7 @@ from executor.engines.integer import (  # noqa: E402
 )
 from executor.identity import NodeIdentity  # noqa: E402
 from fx_integer import _fixed as fx  # noqa: E402
-from fx_integer import _paths, artifact, receipt, sampling  # noqa: E402
+from fx_integer import _paths, artifact, receipt, sampling, verifier  # noqa: E402
 from fx_integer.engine import KIND, IntegerEngine  # noqa: E402
 from fx_integer.generation import to_host  # noqa: E402
 from fx_integer.oracle import KVCache, forward  # noqa: E402
@@ -546,11 +546,11 @@ def file_verdict(items: list[dict[str, Any]], *, trusted: list[str], reexecute: 
     prev = None
     for i, item in enumerate(items):
         r, record = _unwrap(item)
-        res = receipt.verify(r, prev=prev, artifact_path=path, trusted_keys=trusted or None,
+        res = verifier.verify(r, prev=prev, artifact_path=path, trusted_keys=trusted or None,
                              reexecute=reexecute)
         reasons = list(res.reasons)
         if record is not None:
-            reasons += receipt.check_record(record, r)[0]
+            reasons += verifier.check_record(record, r)[0]
         if reasons:
             fails[i] = reasons
         prev = r

@@ -38,7 +38,8 @@ from executor.models import ModelManifest, ModelStore
 from executor.verify_workload import WorkloadLog, artifact_resolver, render, verify_records
 from fx_integer import artifact
 from fx_integer.engine import DEFAULTS, IntegerEngine
-from fx_integer.receipt import GENESIS, receipt_hash, verify
+from fx_integer.receipt import GENESIS, receipt_hash
+from fx_integer.verifier import verify
 from tests.unit.executor.helpers import request
 
 

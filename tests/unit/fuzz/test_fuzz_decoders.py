@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker_schema as bs
-from fx_integer.receipt import ReceiptSigner, check_static, load_receipts, verify
+from fx_integer.receipt import ReceiptSigner, load_receipts
+from fx_integer.verifier import check_static, verify
 from tests.unit.fuzz.hostile import (
     FUZZ,
     HOSTILE_FLOATS,

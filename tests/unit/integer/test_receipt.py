@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from fx_integer.engine import IntegerEngine, ParamError
-from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_hash, verify, verify_chain
+from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_hash
+from fx_integer.verifier import verify, verify_chain
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,10 @@ from fx_integer.engine import IntegerEngine
 from fx_integer.receipt import (
     RECEIPT_VERSION,
     ReceiptSigner,
-    check_record,
     receipt_context,
     text_hash,
-    verify,
 )
+from fx_integer.verifier import check_record, verify
 
 PROMPT = "the cat"
 MANIFEST = "sha256:" + "ab" * 32

@@ -280,7 +280,7 @@ def test_the_secp256k1_vector_verifies_independently_and_in_the_project() -> Non
         encode_dss_signature,
     )
 
-    from fx_integer import receipt as rc
+    from fx_integer import verifier
 
     vec = _load("secp256k1.json")
     key = ec.derive_private_key(int(vec["key"]["scalar_hex"], 16), ec.SECP256K1())
@@ -303,9 +303,9 @@ def test_the_secp256k1_vector_verifies_independently_and_in_the_project() -> Non
     again_r, again_s = decode_dss_signature(key.sign(
         msg, ec.ECDSA(hashes.SHA256(), deterministic_signing=True)))
     assert again_r == r_int and min(again_s, n - again_s) == s_int  # RFC 6979: reproducible
-    reasons, passed = rc.check_static(r0)
+    reasons, passed = verifier.check_static(r0)
     assert not reasons and "signature" in passed
-    bad, _ = rc.check_static(vec["negative"]["receipt"])
+    bad, _ = verifier.check_static(vec["negative"]["receipt"])
     assert any(vec["negative"]["expect"] in r for r in bad)
 
 
@@ -517,12 +517,12 @@ def _cli(capsys: pytest.CaptureFixture[str], path: Path, args: list[str]
 def test_project_verifier_accepts_the_positive_vectors(
         vectors: list[dict[str, Any]], keys: dict[str, Any],
         capsys: pytest.CaptureFixture[str]) -> None:
-    from fx_integer import receipt
+    from fx_integer import receipt, verifier
 
     pk = keys["node"]["public_key_hex"]
     chain = receipt.load_receipts(VEC / "chain.jsonl")
     assert chain == [v["receipt"] for v in vectors]
-    results = receipt.verify_chain(chain, reexecute=False, trusted_keys=[pk])
+    results = verifier.verify_chain(chain, reexecute=False, trusted_keys=[pk])
     assert [r.ok for r in results] == [True] * N_RECEIPTS, [r.reasons for r in results]
     for v in vectors:
         r = v["receipt"]
@@ -530,7 +530,7 @@ def test_project_verifier_accepts_the_positive_vectors(
         assert receipt.receipt_hash(r) == v["derivation"]["receipt_hash"]
         assert receipt.input_hash(r["prompt_tokens"]) == r["input_hash"]
         assert receipt.output_hash(r["output_tokens"]) == r["output_hash"]
-        reasons, passed, notes = receipt.check_record(json.loads(v["response"]["canonical"]), r)
+        reasons, passed, notes = verifier.check_record(json.loads(v["response"]["canonical"]), r)
         assert not reasons and not notes, reasons
         assert "response signature (by the receipt's key)" in passed
     art = ["--no-reexecute"]
