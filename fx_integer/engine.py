@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+import numpy as np
+
 from . import artifact
-from .generation import GenRequest, GenResult, generate_batch
-from .oracle import Ops, OracleOps
+from .generation import GenRequest, GenResult, generate_batch, to_host
+from .oracle import KVCache, Ops, OracleOps, forward
 from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash, text_hash
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -94,6 +96,12 @@ class IntegerEngine:
             raise artifact.ArtifactError(
                 f"modelHash mismatch: the bytes hash to {art.model_hash}, "
                 f"expected {expected_model_hash}")
+        return cls.from_artifact(art, backend=backend, signer=signer)
+
+    @classmethod
+    def from_artifact(cls, art: artifact.Artifact, *, backend: str = "oracle",
+                      signer: ReceiptSigner | None = None) -> IntegerEngine:
+        """An engine over an artifact already loaded (and so already hash-checked)."""
         eng = cls.__new__(cls)
         eng._setup(art, backend=backend, signer=signer)
         return eng
@@ -163,6 +171,26 @@ class IntegerEngine:
         return req, canon
 
     # ------------------------------------------------------------------ running
+    def teacher_forced_logits(self, token_ids: Sequence[int]
+                              ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The logits after every prefix of ``token_ids``: row ``i`` ([vocab_size] int64, Q.16)
+        is what the model predicts for the token after ``token_ids[: i + 1]``, computed in one
+        forward pass over the whole sequence. Each row is byte-identical to the row the
+        generation path computes at that position (prefill, then one token per step)."""
+        toks = list(token_ids)
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in toks):
+            raise ParamError("token ids must be integers")
+        toks = [int(t) for t in toks]
+        if not toks:
+            raise ParamError("no token ids")
+        if any(t < 0 or t >= self.config.vocab_size for t in toks):
+            raise ParamError("token id out of range")
+        if len(toks) > self.config.ctx_len:
+            raise ParamError(f"{len(toks)} tokens exceed the context of {self.config.ctx_len}")
+        with self._lock:
+            rows = forward(self.ops, [(KVCache(self.ops), toks)], all_logits=True)[0]
+        return to_host(rows)
+
     def run(self, params: dict[str, Any],
             context: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one request; returns a JSON-serialisable dict (see ``_result``). ``context`` is
