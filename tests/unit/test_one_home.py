@@ -1,6 +1,6 @@
 """One home per wire concept: topic names only from ``broker_schema.topics``, the ``sha256:``
 spelling only from ``broker_schema.canonical``, signature checks only through
-``broker_schema.signatures``; and the import layering of docs (DESIGN "Parts").
+``broker_schema.signatures``. (Which package may import which: ``test_import_rules.py``.)
 
 The checks read the source tree (AST, so docstrings, comments and help texts that *mention* a
 topic or a hash do not count) and name every offending line.
@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker_schema", "executor", "workload_sdk", "fx_kafka", "fx_cli")
 SKIP_DIRS = {".venv", ".git", "build", "node_modules", "__pycache__", ".fx", ".pytest_cache",
              ".mypy_cache", ".ruff_cache", "shared"}
 
@@ -147,38 +146,4 @@ def test_the_sha256_spelling_lives_in_broker_schema_canonical() -> None:
 
 def test_signatures_are_checked_only_by_broker_schema_signatures() -> None:
     problems = [p for rel, tree in _sources() for p in _signature_problems(rel, tree)]
-    assert problems == [], "\n".join(problems)
-
-
-def _imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
-
-
-def test_layering() -> None:
-    """broker_schema imports nothing of ours; executor and workload_sdk never import each other;
-    the integer engine imports no service (its cli, the service's front door, aside) and the wire
-    contract only lazily."""
-    problems = []
-    for rel, tree in _sources():
-        top = rel.split("/")[0]
-        for line, module in _imports(tree):
-            head = module.split(".")[0]
-            if top == "broker_schema" and head in PACKAGES and head != "broker_schema":
-                problems.append(f"{rel}:{line}: broker_schema imports {module}")
-            if top == "executor" and head == "workload_sdk":
-                problems.append(f"{rel}:{line}: executor imports {module}")
-            if top == "workload_sdk" and head == "executor":
-                problems.append(f"{rel}:{line}: workload_sdk imports {module}")
-            top_level = any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line
-                            for n in tree.body)
-            if (rel.startswith("fx_integer/") and rel != "executor/integer_cli.py"
-                    and head in PACKAGES and not module.startswith("fx_integer")
-                    and (head != "broker_schema" or top_level)):
-                problems.append(f"{rel}:{line}: the integer engine imports {module}"
-                                + (" at module level" if top_level else ""))
     assert problems == [], "\n".join(problems)
