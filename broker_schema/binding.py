@@ -54,6 +54,11 @@ def switch_problem(current: SpecRecord, new: SpecRecord, next_seq: int) -> str |
     if new.module_hash != current.module_hash:
         return ("the spec names another module: a new module needs a new holder "
                 f"({new.module_hash} != {current.module_hash})")
+    if (new.local_models != current.local_models
+            or new.local_max_tokens_per_step != current.local_max_tokens_per_step):
+        return ("the spec changes its mode A models or limits: a running holder does not "
+                "switch them (a new holder claims with the new spec, from its epoch's first "
+                "step)")
     points = {0} | {s.at_input_offset for s in new.binding_switches} \
         | {s.at_input_offset for s in current.binding_switches}
     for offset in sorted(p for p in points if p < next_seq):

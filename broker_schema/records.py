@@ -350,6 +350,15 @@ class SpecRecord(_Model):
     #: ``input_topics``.
     chunks_from: tuple[WorkloadId, ...] = Field(default=(), exclude_if=lambda v: not v,
                                                 max_length=64)
+    #: Mode A (experimental): integer models the step runs itself, name -> content hash of the
+    #: integer artifact. The holder and replay load exactly these bytes (hash-checked), so the
+    #: spec's hash covers the weights. Left out of the canonical bytes when empty.
+    local_models: dict[str, Hash] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                          max_length=16)
+    #: Mode A limit: tokens a step may have the local models generate or score, in all, so
+    #: every node fails at the same input (``local_limit``). Left out when local_models is.
+    local_max_tokens_per_step: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=64, exclude_if=lambda v: v == 64)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

@@ -14,6 +14,9 @@
    imported by its modelHash; a workload asks it questions through the executor; every answer
    carries a signed, hash-chained receipt, and ``fx verify --workload`` re-executes each one on
    the CPU oracle and checks bytes, chain and signatures.
+7. Mode A at the edge: a workload asks the integer model as an effect, nobody serves it (a site
+   cut off), the request ends in a recorded ``timeout``, and the step answers with its own copy
+   of the model (mode A, named by hash in the spec); replay recomputes that answer.
 """
 
 from __future__ import annotations
@@ -276,6 +279,55 @@ async def the_integer_engine(bootstrap: str, work: Path) -> bool:
     return ok and ver.returncode == 0
 
 
+async def the_edge_fallback(bootstrap: str, work: Path) -> bool:
+    """Mode A at the edge: the big model is unreachable, the step answers with its own."""
+    from workload_sdk.testing import WorkloadHarness
+
+    store = work / "int-models"  # the integer artifact imported by step 6
+    listed = json.loads(_fx("models", "list", "--store", str(store), "--json").stdout or "[]")
+    hashes = [m["hash"] for m in listed if m.get("engine") == "integer"]
+    if not hashes:
+        _say("   no integer artifact in the store: step 6 did not import it")
+        return False
+    model_hash = hashes[0]
+    wid = f"demo-edge-{uuid.uuid4().hex[:8]}"
+    module = "workload_sdk.examples.edge_fallback:EdgeFallback"
+    _say("7. mode A at the edge (experimental): the workload asks `llm` as an effect, no "
+         "executor is reachable, the request times out (recorded) and the step answers with "
+         "its own integer model, named by hash in the spec")
+    question = "What is the capital of France?"
+    async with WorkloadHarness(bootstrap, wid, module, effect_kinds=(bs.INFERENCE_KIND,),
+                               models={"llm": model_hash},
+                               local_models={"llm-local": model_hash},
+                               log_dir=work) as h:
+        holder = h.start_holder("demo-edge-holder", "--model-dir", str(store))
+        await h.send_input(question, source="operator")
+        deadline = time.monotonic() + 300
+        answer: dict[str, Any] | None = None
+        while answer is None:
+            wlog = await h.read_log()
+            for o in (bs.decode(r.value) for r in wlog["out"]):
+                if (isinstance(o, bs.OutputRecord) and isinstance(o.body, bs.InlineBody)
+                        and isinstance(o.body.data, dict) and "answer" in o.body.data):
+                    answer = o.body.data
+            if holder.poll() is not None or time.monotonic() > deadline:
+                _say("   the edge run did not finish; see " + str(work))
+                return False
+            await asyncio.sleep(0.5)
+        h.stop(holder)
+    _say(f"   Q: {question}\n   A: {answer.get('answer')!r} (source {answer.get('source')}, "
+         f"because the mode B request ended in {answer.get('because')})")
+    rp = _fx("replay", wid, "--module", module, "--from-start", "--json", "--model-dir",
+             str(store), "--bootstrap", bootstrap, timeout=600)
+    if rp.returncode != 0:
+        _say("   replay failed: " + rp.stderr[-1500:])
+        return False
+    summary = json.loads(rp.stdout)
+    _say(f"   replay recomputed the local inference: {summary['outputs_checked']} outputs, "
+         f"{len(summary['output_problems'])} differ")
+    return answer.get("source") == "local" and not summary["output_problems"]
+
+
 def main() -> int:
     """Run the demo; exit code 0 when every step checked out."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -289,6 +341,7 @@ def main() -> int:
         ok = asyncio.run(wire_roundtrip(bootstrap))
         ok &= asyncio.run(the_story(bootstrap, Path(tmp)))
         ok &= asyncio.run(the_integer_engine(bootstrap, Path(tmp)))
+        ok &= asyncio.run(the_edge_fallback(bootstrap, Path(tmp)))
     _say(f"demo: {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s")
     return 0 if ok else 1
 

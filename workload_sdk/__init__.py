@@ -32,6 +32,13 @@ from workload_sdk._core import Core, Decision, Item, choose_next, due_outcomes
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, transactional_id_for
 from workload_sdk._loader import load_workload
+from workload_sdk._local import (
+    LocalAnswer,
+    LocalModelUnavailable,
+    local_generate,
+    local_logits,
+    local_tokenize,
+)
 from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._replay import DiffReport, ReplayError, ReplayResult, diff, replay
 from workload_sdk._trim import TopicTrim, TrimPlan, plan_trim
@@ -54,6 +61,8 @@ __all__ = [
     "InvariantResult",
     "Item",
     "LeaseHolder",
+    "LocalAnswer",
+    "LocalModelUnavailable",
     "LogGap",
     "LogRecord",
     "NoSpec",
@@ -76,6 +85,9 @@ __all__ = [
     "emit",
     "infer",
     "load_workload",
+    "local_generate",
+    "local_logits",
+    "local_tokenize",
     "module_hash",
     "plan_trim",
     "reask",

@@ -174,6 +174,9 @@ class Core:
     #: Backpressure pacing (holder only; see :class:`Pacing`): not in snapshots, so a resumed
     #: holder starts unpaced.
     pacing: Pacing = field(default_factory=lambda: Pacing())
+    #: Mode A: where the step's local models are loaded from (:mod:`workload_sdk._local`);
+    #: None: the process default (``FX_MODEL_DIR``). Not in snapshots.
+    local: Any = None
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -320,7 +323,14 @@ class Core:
 
     def _step(self, event: Event, *, epoch: int, spec: SpecRecord) -> tuple[OutRecord, ...]:
         seq = self.seq
-        result = self.workload.step(self.state, event)
+        if spec.local_models:
+            from workload_sdk._local import default_runtime, step_context
+
+            with step_context(self.local or default_runtime(), spec.local_models,
+                              spec.local_max_tokens_per_step, seq):
+                result = self.workload.step(self.state, event)
+        else:
+            result = self.workload.step(self.state, event)
         if not isinstance(result, tuple) or len(result) != 2:
             raise WorkloadError("bad_step", "step must return (state, outputs)", seq=seq)
         new_state, outs = result

@@ -34,6 +34,7 @@ from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
+from workload_sdk._local import LocalModelUnavailable
 from workload_sdk._logview import LogGap, WorkloadLog
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
@@ -61,7 +62,16 @@ def _print_json(value: Any) -> None:
 # ------------------------------------------------------------------------------- fx workload
 
 
+def _model_dir(args: argparse.Namespace) -> None:
+    """``--model-dir``: where mode A models are loaded from (else ``$FX_MODEL_DIR``)."""
+    if getattr(args, "model_dir", None):
+        from workload_sdk._local import set_default_model_dir
+
+        set_default_model_dir(args.model_dir)
+
+
 def _run(args: argparse.Namespace) -> int:
+    _model_dir(args)
     workload = load_workload(args.module)
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
@@ -94,6 +104,9 @@ def _run(args: argparse.Namespace) -> int:
         except LogGap as exc:
             print(f"cannot resume: {exc}", file=sys.stderr, flush=True)
             return EXIT_GAP
+        except LocalModelUnavailable as exc:
+            print(f"cannot run the step: {exc}", file=sys.stderr, flush=True)
+            return EXIT_MISMATCH
         return 0
 
     return asyncio.run(main())
@@ -106,6 +119,12 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--model takes NAME=sha256:HEX, got {item!r}")
         models[name] = value
+    local = {}
+    for item in args.local_model or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--local-model takes NAME=sha256:HEX, got {item!r}")
+        local[name] = value
     spec = SpecRecord(
         workload_id=args.id,
         module_hash=module_hash(load_workload(args.module)),
@@ -116,6 +135,8 @@ def _spec(args: argparse.Namespace) -> int:
         executor_lease_ms=args.executor_lease_ms,
         snapshot_every=args.snapshot_every,
         audit_horizon_ms=args.audit_horizon_ms,
+        local_models=local,
+        local_max_tokens_per_step=args.local_max_tokens,
     )
     try:
         offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
@@ -162,6 +183,7 @@ async def _produce(bootstrap: str, workload_id: str, topic: str, value: bytes, *
 
 
 def _replay(args: argparse.Namespace) -> int:
+    _model_dir(args)
     if not args.module:
         raise SystemExit("replay needs --module MODULE:Class (the code to fold with)")
     workload = load_workload(args.module)
@@ -202,6 +224,9 @@ def _replay(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         print(f"workload error during replay: {exc}", file=sys.stderr)
         return EXIT_WORKLOAD
+    except LocalModelUnavailable as exc:
+        print(f"replay cannot run the step: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
     core = result.core
     summary = {
         "workload_id": args.id,
@@ -361,6 +386,7 @@ def _audit(args: argparse.Namespace) -> int:
     from fx_kafka.keys import fleet_public_keys, read_history
     from workload_sdk._audit import audit, render_report
 
+    _model_dir(args)
     try:
         fleet = fleet_public_keys(args.fleet_key)
     except ValueError as exc:
@@ -430,6 +456,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--session-timeout-ms", type=int, default=6000,
                      help="election: how long a dead holder keeps the lease before a stand-by "
                      "is elected (default 6000, the broker's minimum)")
+    run.add_argument("--model-dir", metavar="DIR",
+                     help="mode A: the model store the spec's local_models are loaded from "
+                     "(default: $FX_MODEL_DIR)")
     run.add_argument("--trim-every", type=float, metavar="SECONDS",
                      help="also trim the log by the spec's audit horizon this often, as "
                      "`fx trim` does (default: never)")
@@ -441,6 +470,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--module", required=True, help="MODULE:Class (its hash goes in the spec)")
     spec.add_argument("--kind", action="append", help="an effect kind to bind (repeatable)")
     spec.add_argument("--model", action="append", help="NAME=sha256:HEX (repeatable)")
+    spec.add_argument("--local-model", action="append", metavar="NAME=HASH",
+                      help="mode A (experimental): an integer artifact the step runs itself "
+                      "(repeatable)")
+    spec.add_argument("--local-max-tokens", type=int, default=64,
+                      help="mode A: tokens a step may spend on local models (default 64)")
     spec.add_argument("--outstanding-limit", type=int, default=16)
     spec.add_argument("--deadline-ms", type=int, default=5_000)
     spec.add_argument("--executor-lease-ms", type=int, default=30_000)
@@ -472,6 +506,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rp.add_argument("--diff", action="store_true", help="run --module over the recorded "
                     "inputs and answers and report the first output that differs")
     rp.add_argument("--json", action="store_true")
+    rp.add_argument("--model-dir", metavar="DIR",
+                    help="mode A: where the spec's local_models are loaded from, to recompute "
+                    "them (default: $FX_MODEL_DIR)")
     bootstrap_arg(rp)
     rp.set_defaults(func=_replay)
 
@@ -508,6 +545,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="fleet public key (base64/hex; default $FX_FLEET_PUBLIC_KEY): check "
                          "signatures against the node keys it certified on sys.keys, not "
                          "against sys.facts")
+    au.add_argument("--model-dir", metavar="DIR",
+                    help="mode A: where the spec's local_models are loaded from, for the "
+                    "replay check (default: $FX_MODEL_DIR)")
     au.add_argument("--clock-skew-ms", type=int, default=0, metavar="MS",
                     help="how far the brokers' clocks may differ (epoch check by append time; "
                     "default 0, one broker)")
