@@ -209,9 +209,12 @@ class StreamRecordReader:
         where = f"{topic}/{partition}@{offset}"
         async with self._lock:
             consumer = self._consumer
-            if topic not in await consumer.topics():
+            # the cluster's metadata as fetched (never creating the topic); aiokafka has no
+            # public view of another topic's partitions before it is assigned
+            cluster = await consumer._client.fetch_all_metadata()
+            if topic not in cluster.topics():
                 raise StreamAbsent("no_topic", f"{where}: no topic {topic} in the cluster")
-            parts = consumer.partitions_for_topic(topic) or set()
+            parts = cluster.partitions_for_topic(topic) or set()
             if partition not in parts:
                 raise StreamAbsent("no_topic", f"{where}: {topic} has no partition {partition}")
             tp = TopicPartition(topic, partition)

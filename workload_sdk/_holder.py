@@ -644,9 +644,9 @@ class LeaseHolder:
             delay = backoff_s(attempt, cap_s=2.0)
             if not problem.retry or time.monotonic() + delay > give_up:
                 waited = (f" (waited {cfg.ref_wait_s:.0f} s for it)" if problem.retry else "")
-                raise RefGap(topic, item.offset, ref, f"its {describe_ref(ref, cfg.workload_id)}"
-                             f" cannot be read: {problem.message}{waited}; the holder stops "
-                             "here, nothing is merged past it")
+                raise RefGap(topic, item.offset, ref, f"its {ref.type} reference cannot be read: "
+                             f"{problem.message}{waited}; the holder stops here, nothing is "
+                             "merged past it")
             if attempt == 1:
                 await merge_buffered()
             log.warning("%s@%d names %s, which is not there yet (%s): reading it again in "
