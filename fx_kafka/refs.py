@@ -11,7 +11,8 @@ chunk format is :mod:`broker_schema.chunks`, so both read and write the same par
 - :class:`StreamRecordReader`: the committed record at a topic, partition and offset.
 
 No rule about *which* chunks or topics may be read lives here: callers ask
-:mod:`broker_schema.refs` first.
+:mod:`broker_schema.refs` first. A topic this client's ACLs deny raises aiokafka's
+``TopicAuthorizationFailedError`` at once.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from broker_schema.chunks import (
     split_parts,
 )
 from broker_schema.records import ChunkRef
-from fx_kafka.client import make_consumer
+from fx_kafka.client import check_authorized, make_consumer
 
 __all__ = ["ChunkTopicReader", "StreamAbsent", "StreamRecordReader", "write_chunk"]
 
@@ -107,8 +108,9 @@ class ChunkTopicReader:
         if not self._present:
             if self.topic not in await consumer.topics():
                 return got
-            self._present = True
             consumer.assign([self._tp])
+            await check_authorized(consumer, [self.topic])  # denied: said at once
+            self._present = True
             await consumer.seek_to_beginning(self._tp)
         end = (await consumer.end_offsets([self._tp]))[self._tp]
         loop = asyncio.get_running_loop()
@@ -219,6 +221,7 @@ class StreamRecordReader:
                 raise StreamAbsent("no_topic", f"{where}: {topic} has no partition {partition}")
             tp = TopicPartition(topic, partition)
             consumer.assign([tp])
+            await check_authorized(consumer, [topic])  # denied: said at once
             first = (await consumer.beginning_offsets([tp]))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
             if offset < first:

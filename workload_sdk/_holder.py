@@ -65,7 +65,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import IllegalOperation, InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import (
+    IllegalOperation,
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TopicAuthorizationFailedError,
+)
 
 from broker_schema import (
     AcceptedRecord,
@@ -678,18 +684,24 @@ class LeaseHolder:
                         time.time() * 1000 - self._requests[eid].time_ms)
             self.stats.steps += batch.steps
             self.stats.passed_over += batch.passed_over
+            assert self._refs is not None
+            for ref, data in list(batch.chunks):
+                # stored before the transaction that names it commits (an aborted one leaves
+                # an unnamed chunk behind: content-addressed, harmless)
+                try:
+                    stored = await self._refs.write_chunk(data, workload=wid,
+                                                          media_type=ref.media_type)
+                except (TopicAuthorizationFailedError, OSError) as exc:
+                    batch.drop_snapshot(ref, f"snapshot with chunk state {ref.hash} "
+                                        f"({ref.size} B) skipped: cannot store the chunk in "
+                                        f"{self._refs.where}: {exc!r}")
+                    continue
+                assert stored.hash == ref.hash
+                self.stats.chunk_snapshots += 1
             self.stats.snapshots += batch.snapshots
             self.stats.snapshots_skipped += len(batch.snapshots_skipped)
             for why in batch.snapshots_skipped:
                 log.warning("%s", why)
-            assert self._refs is not None
-            for ref, data in batch.chunks:
-                # stored before the transaction that names it commits (an aborted one leaves
-                # an unnamed chunk behind: content-addressed, harmless)
-                stored = await self._refs.write_chunk(data, workload=wid,
-                                                      media_type=ref.media_type)
-                assert stored.hash == ref.hash
-                self.stats.chunk_snapshots += 1
             if batch.records:
                 topic = {"merge": topics.merge(wid), "out": topics.out(wid)}
                 metas = await self._write([(topic[stream], encode(rec))

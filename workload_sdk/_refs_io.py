@@ -29,6 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from aiokafka.errors import TopicAuthorizationFailedError
+
 from broker_schema import (
     Body,
     ChunkRef,
@@ -251,6 +253,10 @@ class RefResolver:
         except StreamAbsent as exc:
             return RefProblem("missing" if exc.why == "not_yet" else "invalid",
                               f"stream record {exc.message}")
+        except TopicAuthorizationFailedError as exc:
+            return RefProblem("invalid", f"stream record {ref.topic}/{ref.partition}@"
+                              f"{ref.offset}: this client may not read {ref.topic} ({exc}); "
+                              "grant its principal READ on it")
         if ref.hash is not None and sha256_hex(value) != ref.hash:
             return RefProblem("mismatch", f"stream record {ref.topic}/{ref.partition}@"
                               f"{ref.offset} does not hash to {ref.hash}")
@@ -303,7 +309,17 @@ class RefResolver:
                         "invalid", f"stream record {body.topic}/{body.partition}@{body.offset} "
                         "is an input whose body is a stream reference (not followed)")
         if chunk_wants:
-            got = await self.chunks.read({ck: ref for ck, (ref, _keys) in chunk_wants.items()})
+            try:
+                got = await self.chunks.read({ck: ref for ck, (ref, _keys) in
+                                              chunk_wants.items()})
+            except TopicAuthorizationFailedError as exc:
+                denied = RefProblem("invalid", f"this client may not read {topics.CHUNKS} "
+                                    f"({exc}): grant its principal READ on it, or use a "
+                                    "filesystem chunk store (--chunk-dir; docs/operations.md, "
+                                    "\"The holder's chunk store\")")
+                for _ref, keys in chunk_wants.values():
+                    res.problems.update(dict.fromkeys(keys, denied))
+                return res
             for ck, (_ref, keys) in chunk_wants.items():
                 value_or_problem = got[ck]
                 for key in keys:

@@ -27,6 +27,7 @@ from broker_schema import (
     EffectRequest,
     EncodeError,
     ResponseRecord,
+    SnapshotRecord,
     SpecRecord,
     TickRecord,
 )
@@ -73,6 +74,16 @@ class MergedBatch:
     def outputs(self) -> list[OutRecord]:
         """The step outputs of the batch, in order."""
         return [self.records[i][1] for i in self.output_at]
+
+    def drop_snapshot(self, ref: ChunkRef, why: str) -> None:
+        """Leave out the snapshot whose state is chunk ``ref`` (the holder could not store the
+        chunk): resume and replay start from an earlier snapshot, as correct and slower."""
+        self.records = [(stream, r) for stream, r in self.records
+                        if not (isinstance(r, SnapshotRecord) and r.state == ref)]
+        self.output_at = [i for i, (stream, _) in enumerate(self.records) if stream == "out"]
+        self.chunks = [(c, data) for c, data in self.chunks if c != ref]
+        self.snapshots -= 1
+        self.snapshots_skipped.append(why)
 
 
 def merge_batch(

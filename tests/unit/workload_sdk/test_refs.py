@@ -6,6 +6,7 @@ the filesystem store the holder can share with executors."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from workload_sdk._kafka_io import resolve_log
 from workload_sdk._logview import LogGap, RefGap
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import compare_outputs
+from workload_sdk._round import merge_batch
 
 
 class Reader(Workload):
@@ -289,6 +291,22 @@ def test_big_snapshots_are_written_as_chunks_and_resumed_from() -> None:
         replay(Hoarder(), sim.log)
     assert "--from-start" in str(caught.value)
     assert replay(Hoarder(), sim.log, use_snapshots=False).core.seq == 5
+
+
+def test_a_chunk_the_holder_cannot_store_drops_its_snapshot_only() -> None:
+    core = Core.initial(Hoarder(), WID)
+    spec = make_spec(snapshot_every=1)
+    bufs = {"in": deque([_input_item(0, InlineBody.of_json(70_000)),
+                         _input_item(1, InlineBody.of_json(1))]), "resp": deque[Item]()}
+    batch = merge_batch(core, spec, bufs, epoch=1, now_resp_ms=None, max_batch=100)
+    assert batch.snapshots == 2 and len(batch.chunks) == 2
+    first, _ = batch.chunks[0]
+    outputs = batch.outputs
+    batch.drop_snapshot(first, "cannot store it")
+    assert batch.snapshots == 1 and batch.snapshots_skipped == ["cannot store it"]
+    assert [r for _, r in batch.chunks] != [] and batch.outputs == outputs
+    assert [type(r).__name__ for _, r in batch.records] == [
+        "MergeEntry", "OutputRecord", "MergeEntry", "OutputRecord", "SnapshotRecord"]
 
 
 # ----------------------------------------------------------------------------- the chunk format
