@@ -360,9 +360,30 @@ class Core:
             return Decision("pass_over", "duplicate", effect_id)
         return Decision("pass_over", "unknown_effect", effect_id)
 
+    def _body_bytes(self, item: Item, spec: SpecRecord) -> tuple[bytes | None, str | None]:
+        """The bytes the step reads of ``item``'s referenced body, or why it may not read them.
+
+        A reference the workload may not read under ``spec`` (:func:`broker_schema.refs.
+        ref_problem`: another workload's chunk or stream) is handed over unread, with why (the
+        event's ``json()``/``bytes()`` raise ``TypeError`` saying so): the same live and in
+        replay. Any other reference must have been resolved by the I/O shell: :class:`RefGap`
+        when it was not."""
+        ref = referenced_body(item.record)
+        if ref is None:
+            return None, None
+        problem = ref_problem(ref, reader=self.workload_id, spec=spec)
+        if problem is not None:
+            return None, problem
+        if item.resolved is None:
+            raise RefGap(topics.stream(self.workload_id, item.source), item.offset, ref,
+                         f"its {describe_ref(ref, self.workload_id)} was not read before the "
+                         f"step at seq {self.seq}")
+        return item.resolved, None
+
     def apply(self, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
         """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
-        output records to write. Raises :class:`WorkloadError` when the step breaks a rule."""
+        output records to write. Raises :class:`WorkloadError` when the step breaks a rule, and
+        :class:`RefGap` when the step may read a referenced body the shell did not resolve."""
         decision = self.classify(item)
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
@@ -405,26 +426,6 @@ class Core:
         outputs = self._step(event, epoch=epoch, spec=spec)
         self.seq += 1
         return Applied(decision, entry, outputs, snapshot_due=self.seq % spec.snapshot_every == 0)
-
-    def _body_bytes(self, item: Item, spec: SpecRecord) -> tuple[bytes | None, str | None]:
-        """The bytes the step reads of ``item``'s referenced body, or why it may not read them.
-
-        A reference the workload may not read under ``spec`` (:func:`broker_schema.refs.
-        ref_problem`: another workload's chunk or stream) is handed over unread, with why (the
-        event's ``json()``/``bytes()`` raise ``TypeError`` saying so): the same live and in
-        replay. Any other reference must have been resolved by the I/O shell: :class:`RefGap`
-        when it was not."""
-        ref = referenced_body(item.record)
-        if ref is None:
-            return None, None
-        problem = ref_problem(ref, reader=self.workload_id, spec=spec)
-        if problem is not None:
-            return None, problem
-        if item.resolved is None:
-            raise RefGap(topics.stream(self.workload_id, item.source), item.offset, ref,
-                         f"its {describe_ref(ref, self.workload_id)} was not read before the "
-                         f"step at seq {self.seq}")
-        return item.resolved, None
 
     def _step(self, event: Event, *, epoch: int, spec: SpecRecord) -> tuple[OutRecord, ...]:
         seq = self.seq
