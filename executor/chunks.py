@@ -16,7 +16,8 @@ Two backends with one interface (:class:`ChunkStore`):
   is the latest value of its key (content-addressed values never change, so every chunk stays).
   A chunk larger than the frame cap is split into parts of :data:`PART_BYTES`, keyed
   ``<workload>/<hash>/<i>/<n>``; each part's headers repeat the workload, chunk hash, part
-  number and total size.
+  number and total size (the format's one home is :mod:`broker_schema.chunks`, which the lease
+  holder's reader, :mod:`fx_kafka.refs`, uses too).
   The cost: Kafka has no lookup by key, so a reader keeps an index (key -> offset) by reading the
   topic from the start, and catches up to the end offset on a miss. Fine for request/response
   bodies (kilobytes to megabytes); model files (gigabytes) stay in the model store.
@@ -39,7 +40,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker_schema import topics
-from broker_schema.canonical import hex_of_hash, is_hash, sha256_hex
+from broker_schema.canonical import is_hash, sha256_hex
+from broker_schema.chunks import (
+    PART_BYTES,
+    ChunkProblem,
+    fs_relpath,
+    parse_part_key,
+    part_headers,
+    part_key,
+    split_parts,
+)
+from broker_schema.chunks import check_chunk as _check_chunk
 from broker_schema.records import ChunkRef
 from broker_schema.topics import check_workload_id
 from executor.errors import OutcomeError
@@ -48,20 +59,13 @@ __all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check
 
 log = logging.getLogger(__name__)
 
-#: Largest part written to ``sys.chunks``: under MAX_RECORD_BYTES (1 MiB), leaving room for the
-#: key, headers and batch overhead inside the broker frame cap.
-PART_BYTES = 1_000_000
-
 
 def check_chunk(ref: ChunkRef, data: bytes) -> bytes:
     """``data`` if it matches ``ref`` (hash and size), else ``input_hash_mismatch``."""
-    actual = sha256_hex(data)
-    if actual != ref.hash or len(data) != ref.size:
-        raise OutcomeError(
-            "input_hash_mismatch",
-            f"chunk {ref.hash} ({ref.size} B) read back as {actual} ({len(data)} B)",
-        )
-    return data
+    try:
+        return _check_chunk(ref, data)
+    except ChunkProblem as exc:
+        raise OutcomeError("input_hash_mismatch", exc.message) from None
 
 
 def _workload(workload: str) -> str:
@@ -96,7 +100,7 @@ class FsChunkStore:
         """The file of ``workload``'s chunk ``chunk_hash``."""
         if not is_hash(chunk_hash):
             raise OutcomeError("input_missing", f"not a chunk hash: {chunk_hash!r}")
-        return self.root / "wl" / _workload(workload) / "sha256" / hex_of_hash(chunk_hash)
+        return self.root / fs_relpath(_workload(workload), chunk_hash)
 
     def get_sync(self, ref: ChunkRef, *, workload: str) -> bytes:
         """Blocking :meth:`get`."""
@@ -142,23 +146,6 @@ class FsChunkStore:
         """Store ``data`` for ``workload`` and return its reference."""
         return await asyncio.to_thread(self.put_sync, data, workload=workload,
                                        media_type=media_type)
-
-
-def _part_key(workload: str, chunk_hash: str, index: int, total: int) -> bytes:
-    return f"{workload}/{chunk_hash}/{index}/{total}".encode()
-
-
-def _parse_key(key: bytes | None) -> tuple[str, str, int, int] | None:
-    """``(workload, hash, part, parts)`` of a part's key; None for anything else (keys of the
-    store before it was per workload, ``<hash>/<i>/<n>``, included)."""
-    if key is None:
-        return None
-    try:
-        w, h, i, n = key.decode().split("/")
-        check_workload_id(w)
-        return (w, h, int(i), int(n)) if is_hash(h) else None
-    except ValueError:
-        return None
 
 
 class KafkaChunkStore:
@@ -212,19 +199,14 @@ class KafkaChunkStore:
         ref = await self.cache.put(data, workload=workload, media_type=media_type)
         if (workload, ref.hash) in self._parts:
             return ref
-        total = max(1, -(-len(data) // PART_BYTES))
+        parts = split_parts(data)
+        total = len(parts)
         futures = []
-        for i in range(total):
-            part = data[i * PART_BYTES : (i + 1) * PART_BYTES]
-            headers = [
-                ("fx-workload", workload.encode()),
-                ("fx-chunk", ref.hash.encode()),
-                ("fx-part", f"{i}/{total}".encode()),
-                ("fx-size", str(len(data)).encode()),
-            ]
+        for i, part in enumerate(parts):
+            headers = part_headers(workload, ref.hash, i, total, len(data))
             futures.append(
                 await self.producer.send(
-                    self.topic, value=part, key=_part_key(workload, ref.hash, i, total),
+                    self.topic, value=part, key=part_key(workload, ref.hash, i, total),
                     headers=headers,
                 )
             )
@@ -258,7 +240,7 @@ class KafkaChunkStore:
         while await self._consumer.position(self._tp) < end:
             batch = await self._consumer.getmany(self._tp, timeout_ms=1000)
             for msg in batch.get(self._tp, []):
-                parsed = _parse_key(msg.key)
+                parsed = parse_part_key(msg.key)
                 if parsed is None:
                     continue
                 w, h, i, n = parsed

@@ -41,7 +41,6 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from broker_schema import topics
 from broker_schema.binding import shadow_models, spec_in_force
 from broker_schema.records import (
     AcceptedRecord,
@@ -58,6 +57,7 @@ from broker_schema.records import (
     StreamRef,
     Timing,
 )
+from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
 
 __all__ = [
     "RENEW_FRACTION",
@@ -375,18 +375,6 @@ def renewed(accepted: AcceptedRecord, now_us: int) -> AcceptedRecord:
     return accepted.model_copy(update={"accepted_us": now_us})
 
 
-def _what(topic: str) -> str:
-    """What kind of topic ``topic`` is, for a refusal message (people only)."""
-    shown = repr(topic[:120]) + ("..." if len(topic) > 120 else "")
-    if topic.startswith("sys."):
-        return f"{shown} is a system topic"
-    try:
-        workload_id, stream = topics.parse(topic)
-    except ValueError:
-        return f"{shown} is not a workload topic"
-    return f"{shown} is the {stream} stream of workload {workload_id}"
-
-
 def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None:
     """Why ``request``'s input may not be read (the ``input_forbidden`` message), or None.
 
@@ -404,7 +392,8 @@ def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None
       ``.resp``, ``.merge``, ``.claims`` and ``.spec``, and any malformed name.
 
     Pure: no I/O. The service asks it (through :func:`decide`) before anything of the named
-    topic is asked of the broker, so a forbidden or malformed name never reaches it.
+    topic is asked of the broker, so a forbidden or malformed name never reaches it. The rules
+    are :mod:`broker_schema.refs` (the lease holder and replay read references by them too).
     """
     body = request.input
     if isinstance(body, ChunkRef):
@@ -412,39 +401,7 @@ def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None
                              context=request.header.workload_id)
     if not isinstance(body, StreamRef):
         return None
-    own = topics.inputs(request.header.workload_id)
-    if body.topic == own:
-        return None
-    if spec is not None and body.topic in spec.input_topics:
-        return None
-    return (f"a request of workload {request.header.workload_id} may read {own} and the topics "
-            f"its spec grants (input_topics), and {_what(body.topic)}")
-
-
-def chunk_owner(ref: ChunkRef, context: str) -> str:
-    """The workload a chunk reference names a chunk of: ``ref.workload``, else ``context`` (the
-    workload the reference was read in: the request's, or that of the stream record's topic)."""
-    return ref.workload if ref.workload is not None else context
-
-
-def chunk_problem(ref: ChunkRef, *, reader: str, spec: SpecRecord | None,
-                  context: str) -> str | None:
-    """Why a request of workload ``reader`` may not read the chunk ``ref`` (the
-    ``input_forbidden`` message), or None.
-
-    ``context`` is the workload the reference was found in: ``reader`` for the request's own
-    input, the workload of the topic for a reference inside a stream record (a record the
-    request may read, :func:`input_problem`; its chunks come with it). The chunk's owner
-    (:func:`chunk_owner`) must be ``reader``, ``context``, or a workload ``reader``'s spec lists
-    in ``chunks_from``. Pure: no I/O."""
-    owner = chunk_owner(ref, context)
-    if owner in (reader, context):
-        return None
-    if spec is not None and owner in spec.chunks_from:
-        return None
-    return (f"a request of workload {reader} may read its own chunks and those of the workloads "
-            f"its spec grants (chunks_from), and chunk {ref.hash} is named as one of workload "
-            f"{owner}")
+    return stream_problem(body, reader=request.header.workload_id, spec=spec)
 
 
 def ok_response(

@@ -71,10 +71,20 @@ class WorkloadError(Exception):
         self.seq = seq
 
 
-def _inline_value(body: Body) -> InlineBody:
-    if not isinstance(body, InlineBody):
-        raise TypeError(f"body is a {body.type} reference, not inline; pass it on as is")
-    return body
+def _body_bytes(body: Body, resolved: bytes | None, unreadable: str | None) -> bytes:
+    if isinstance(body, InlineBody):
+        return body.raw()
+    if resolved is not None:
+        return resolved
+    why = f": {unreadable}" if unreadable else ""
+    raise TypeError(f"body is a {body.type} reference the runtime did not read{why}; pass it on "
+                    "as is")
+
+
+def _json_value(body: Body, resolved: bytes | None, unreadable: str | None) -> Any:
+    if isinstance(body, InlineBody) and body.encoding == "json":
+        return body.data
+    return json.loads(_body_bytes(body, resolved, unreadable))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,13 @@ class InputEvent:
 
     ``seq`` is the merge position (the ``input_offset`` of any output this step returns),
     ``offset`` the record's offset on ``.in``, ``time_ms`` its broker append time.
-    Chunk and stream references in ``body`` are handed over as they are (a request can pass
-    them on as its input); :meth:`json`, :meth:`text` and :meth:`bytes` read inline bodies.
+
+    A chunk or stream reference in ``body`` stays a reference (a request can pass it on as its
+    input), and the runtime has read what it names before the step runs: ``resolved`` holds those
+    bytes, hash-checked, and :meth:`json`, :meth:`text` and :meth:`bytes` read them as they read
+    an inline body. A reference the workload may not read (another workload's chunk or stream,
+    unless the spec grants it) is not read: ``unreadable`` says why, and those methods raise
+    ``TypeError``.
     """
 
     seq: int
@@ -92,19 +107,21 @@ class InputEvent:
     offset: int
     body: Body
     source: str | None = None
+    resolved: bytes | None = field(default=None, repr=False)
+    unreadable: str | None = None
 
     def json(self) -> Any:
-        """The body's JSON value (inline ``json`` bodies), or its text parsed as JSON."""
-        inline = _inline_value(self.body)
-        return inline.data if inline.encoding == "json" else json.loads(inline.raw())
+        """The body's JSON value (inline ``json`` bodies), or its bytes parsed as JSON."""
+        return _json_value(self.body, self.resolved, self.unreadable)
 
     def text(self) -> str:
         """The body as UTF-8 text."""
-        return _inline_value(self.body).raw().decode("utf-8")
+        return self.bytes().decode("utf-8")
 
     def bytes(self) -> bytes:
-        """The body's bytes (decoded base64, UTF-8 text, or canonical JSON)."""
-        return _inline_value(self.body).raw()
+        """The body's bytes (decoded base64, UTF-8 text, canonical JSON, or what a reference
+        names)."""
+        return _body_bytes(self.body, self.resolved, self.unreadable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +132,8 @@ class EffectResult:
     and its position among that step's outputs, so a step can find what it asked for. ``outcome``
     is ``ok``, ``error`` (see ``error.code`` and ``error.retriable``), ``timeout`` (nobody accepted
     it by its deadline; nothing was done), ``unknown`` (accepted, then the executor's lease lapsed;
-    it may have acted) or ``backpressure``.
+    it may have acted) or ``backpressure``. A chunk or stream reference in ``output`` is read by
+    the runtime before the step runs, as for :class:`InputEvent` (``resolved``, ``unreadable``).
     """
 
     seq: int
@@ -128,6 +146,8 @@ class EffectResult:
     error: ErrorInfo | None = None
     model_hash: str | None = None
     written_by: str = ""
+    resolved: bytes | None = field(default=None, repr=False)
+    unreadable: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -140,17 +160,16 @@ class EffectResult:
         return (self.input_offset, self.index)
 
     def json(self) -> Any:
-        """The output's JSON value (``ok`` outcomes with an inline output)."""
+        """The output's JSON value (``ok`` outcomes)."""
         if self.output is None:
             raise ValueError(f"a {self.outcome} outcome has no output")
-        inline = _inline_value(self.output)
-        return inline.data if inline.encoding == "json" else json.loads(inline.raw())
+        return _json_value(self.output, self.resolved, self.unreadable)
 
     def bytes(self) -> bytes:
-        """The output's bytes (``ok`` outcomes with an inline output)."""
+        """The output's bytes (``ok`` outcomes)."""
         if self.output is None:
             raise ValueError(f"a {self.outcome} outcome has no output")
-        return _inline_value(self.output).raw()
+        return _body_bytes(self.output, self.resolved, self.unreadable)
 
 
 Event: TypeAlias = InputEvent | EffectResult

@@ -71,11 +71,13 @@ checked in full. :attr:`AuditReport.result` is ``violated`` when any invariant i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from broker_schema import (
+    ChunkRef,
     ClaimRecord,
     DecodeError,
     EffectRequest,
@@ -331,9 +333,11 @@ def _check_one_answer(rd: _Reader, log: WorkloadLog, claims: _Claims,
     deliveries: dict[str, list[tuple[int, int, ResponseRecord]]] = {}
     merged_resp: set[int] = set()
     first_snapshot: SnapshotRecord | None = None
+    first_snapshot_bytes: bytes | None = None
     for rec, record in rd.records(merge):
         if isinstance(record, SnapshotRecord) and first_snapshot is None:
             first_snapshot = record
+            first_snapshot_bytes = log.resolved.get(("merge", rec.offset))
         if not isinstance(record, MergeEntry) or record.source != "resp":
             continue
         merged_resp.add(record.source_offset)
@@ -370,7 +374,8 @@ def _check_one_answer(rd: _Reader, log: WorkloadLog, claims: _Claims,
         if isinstance(record, ResponseRecord) and rec.offset not in merged_resp}
     pending: list[str] = []
     answered_on_resp = 0
-    trimmed_pending = ({p["effect_id"] for p in _snapshot_pending(first_snapshot)}
+    trimmed_pending = ({p["effect_id"] for p in _snapshot_pending(first_snapshot,
+                                                                 first_snapshot_bytes)}
                        if merge.start > 0 and first_snapshot is not None else set())
     for eid, (offset, req) in requests.items():
         got = deliveries.get(eid, [])
@@ -409,10 +414,17 @@ def _check_one_answer(rd: _Reader, log: WorkloadLog, claims: _Claims,
                                f"{resp_view.topic} not merged yet" if answered_on_resp else ""))
 
 
-def _snapshot_pending(snap: SnapshotRecord | None) -> list[dict[str, Any]]:
+def _snapshot_pending(snap: SnapshotRecord | None,
+                      chunk: bytes | None = None) -> list[dict[str, Any]]:
+    """The pending effects a snapshot records (its chunk state's bytes, when it has one)."""
     if snap is None:
         return []
     data = getattr(snap.state, "data", None)
+    if chunk is not None:
+        try:
+            data = json.loads(chunk)
+        except ValueError:
+            data = None
     pending = data.get("pending", []) if isinstance(data, dict) else []
     return [p for p in pending if isinstance(p, dict)] if isinstance(pending, list) else []
 
@@ -644,7 +656,8 @@ def _merge_slice(log: WorkloadLog, lo: int, hi: int | None) -> WorkloadLog:
     part = TopicView(view.topic, start=view.start, end=view.end if hi is None else hi,
                      records={o: r for o, r in view.records.items()
                               if o >= lo and (hi is None or o < hi)})
-    return WorkloadLog(log.workload_id, {**log.views, "merge": part}, log.facts)
+    return WorkloadLog(log.workload_id, {**log.views, "merge": part}, log.facts,
+                       log.resolved, log.unresolved)
 
 
 def _fold_state(core: Core) -> dict[str, Any]:
@@ -684,7 +697,7 @@ class _Replays:
         part = TopicView(view.topic, start=view.start, end=view.end,
                          records={o: view.records[o] for o in offsets})
         return WorkloadLog(self.log.workload_id, {**self.log.views, "out": part},
-                           self.log.facts)
+                           self.log.facts, self.log.resolved, self.log.unresolved)
 
     def run(self, label: str, log: WorkloadLog, *, use_snapshots: bool, to_seq: int | None,
             snapshot_offset: int | None = None) -> ReplayResult | None:
@@ -787,8 +800,15 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
         if nxt is None:
             last_end = result
             continue
+        if isinstance(nxt[1].state, ChunkRef) and ("merge", nxt[0]) not in log.resolved:
+            inv.gap(merge.topic, nxt[0], f"the snapshot at seq {nxt[1].seq} keeps its state in "
+                    f"chunk {nxt[1].state.hash}, which cannot be read: "
+                    f"{log.unresolved.get(('merge', nxt[0]), 'it was not read')}")
+            chain_ok = False
+            continue
         try:
-            expected = _fold_state(Core.from_snapshot(workload, nxt[1]))
+            expected = _fold_state(Core.from_snapshot(
+                workload, nxt[1], resolved=log.resolved.get(("merge", nxt[0]))))
         except (ValueError, TypeError) as exc:
             inv.violate(merge.topic, nxt[0], f"the snapshot at seq {nxt[1].seq} cannot be "
                         f"restored: {exc}")

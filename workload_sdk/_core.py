@@ -20,7 +20,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from broker_schema import (
+    INLINE_MAX_BYTES,
+    MAX_JSON_DEPTH,
     AcceptedRecord,
+    Body,
+    ChunkRef,
     EffectHeader,
     EffectRequest,
     InlineBody,
@@ -31,14 +35,19 @@ from broker_schema import (
     ResponseRecord,
     SnapshotRecord,
     SpecRecord,
+    StreamRef,
     TickRecord,
     canonical_json,
     content_hash,
     is_hash,
+    json_depth,
+    topics,
 )
 from broker_schema import (
     EncodeError as _EncodeError,
 )
+from broker_schema.chunks import check_chunk, chunk_ref_of
+from broker_schema.refs import chunk_owner, ref_problem
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -49,6 +58,7 @@ from workload_sdk._api import (
     Workload,
     WorkloadError,
 )
+from workload_sdk._logview import RefGap
 
 Source = Literal["in", "resp"]
 SourceRecord = InputRecord | AcceptedRecord | ResponseRecord | TickRecord
@@ -60,12 +70,38 @@ _TERMINAL_GUESSES = frozenset({"timeout", "unknown"})
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A decoded record from ``.in`` or ``.resp`` with its offset and broker append time."""
+    """A decoded record from ``.in`` or ``.resp`` with its offset and broker append time.
+
+    ``resolved``: the bytes of the record's one referenced body (:func:`referenced_body`: an
+    input's ``body``, an answer's ``output``, when it is a chunk or stream reference), read and
+    hash-checked by the I/O shell (the holder's fetch loop, replay's log reader) before the item
+    reaches :meth:`Core.apply`; None for inline bodies."""
 
     source: Source
     offset: int
     time_ms: int
     record: SourceRecord
+    resolved: bytes | None = field(default=None, repr=False)
+
+
+def referenced_body(record: SourceRecord) -> ChunkRef | StreamRef | None:
+    """The chunk or stream reference the step would read of ``record`` (an input's ``body``, an
+    answer's ``output``), or None (inline, no body, or a record the step never sees)."""
+    body: Body | None
+    if isinstance(record, InputRecord):
+        body = record.body
+    elif isinstance(record, ResponseRecord):
+        body = record.output
+    else:
+        return None
+    return body if isinstance(body, ChunkRef | StreamRef) else None
+
+
+def describe_ref(ref: ChunkRef | StreamRef, context: str) -> str:
+    """A reference for people: ``chunk sha256:... (N B) of workload W`` or a stream record."""
+    if isinstance(ref, ChunkRef):
+        return f"chunk {ref.hash} ({ref.size} B) of workload {chunk_owner(ref, context)}"
+    return f"stream record {ref.topic}/{ref.partition}@{ref.offset}"
 
 
 @dataclass(slots=True)
@@ -186,11 +222,25 @@ class Core:
         return cls(workload=workload, workload_id=workload_id, state=state)
 
     @classmethod
-    def from_snapshot(cls, workload: Workload, snap: SnapshotRecord) -> Core:
-        """A core restored from a snapshot record (see :meth:`snapshot`)."""
-        if not isinstance(snap.state, InlineBody) or snap.state.encoding != "json":
-            raise ValueError("snapshot state must be an inline JSON body")
-        data = snap.state.data
+    def from_snapshot(cls, workload: Workload, snap: SnapshotRecord, *,
+                      resolved: bytes | None = None) -> Core:
+        """A core restored from a snapshot record (see :meth:`snapshot`). A snapshot whose state
+        is a chunk reference (:meth:`snapshot_record`) needs the chunk's bytes: ``resolved``,
+        read by the I/O shell; they are checked against the reference here."""
+        if isinstance(snap.state, ChunkRef):
+            if resolved is None:
+                raise ValueError(f"snapshot at seq {snap.seq}: its state is chunk "
+                                 f"{snap.state.hash}, which was not read")
+            check_chunk(snap.state, resolved)  # a ChunkProblem is a ValueError
+            try:
+                data = json.loads(resolved)
+            except ValueError as exc:
+                raise ValueError(f"snapshot at seq {snap.seq}: chunk {snap.state.hash} is not "
+                                 f"JSON: {exc}") from None
+        elif isinstance(snap.state, InlineBody) and snap.state.encoding == "json":
+            data = snap.state.data
+        else:
+            raise ValueError("snapshot state must be an inline JSON body or a chunk reference")
         if not isinstance(data, dict):
             raise ValueError("snapshot state body is not an object")
         state = data.get("state")
@@ -204,7 +254,7 @@ class Core:
         for entry in pending_raw:
             if not isinstance(entry, dict):
                 raise ValueError("snapshot pending entry is not an object")
-            p = Pending(**entry)  # type: ignore[arg-type]
+            p = Pending(**entry)
             pending[p.effect_id] = p
         return cls(
             workload=workload,
@@ -217,24 +267,48 @@ class Core:
         )
 
     def snapshot(self, epoch: int, *, out_position: int | None = None) -> SnapshotRecord:
-        """A snapshot record of this core (the state before step ``seq``).
+        """A snapshot record of this core (the state before step ``seq``), its state inline
+        (``ValueError`` when it does not fit the inline limit: see :meth:`snapshot_record`).
 
         ``out_position`` (holder only): the lowest ``.out`` offset a resume from this snapshot
         still needs, recorded as ``positions["out"]``; replay does not use it."""
-        positions = dict(self.positions)
-        if out_position is not None:
-            positions["out"] = out_position
-        body = {
+        return self._snapshot(epoch, InlineBody.of_json(self._snapshot_body()), out_position)
+
+    def snapshot_record(self, epoch: int, *, out_position: int | None = None
+                        ) -> tuple[SnapshotRecord, bytes | None]:
+        """A snapshot record of this core, and the chunk to store first (None when none is).
+
+        The snapshot body (state, pending effects, guessed outcomes) goes inline when its
+        canonical bytes fit the inline limit (64 KiB) and the record's nesting limit; otherwise
+        the record's ``state`` is a :class:`~broker_schema.ChunkRef` to those bytes (computed
+        from them: ``sha256:`` and size; the owner is this workload), and the bytes are the chunk
+        the holder stores before it commits the transaction that holds the record."""
+        body = self._snapshot_body()
+        data = canonical_json(body)
+        # the record nests the body 2 levels down (record -> state -> data)
+        if len(data) <= INLINE_MAX_BYTES and json_depth(body) + 2 <= MAX_JSON_DEPTH:
+            return self._snapshot(epoch, InlineBody.of_json(body), out_position), None
+        ref = chunk_ref_of(data, media_type="application/json")
+        return self._snapshot(epoch, ref, out_position), data
+
+    def _snapshot_body(self) -> dict[str, Any]:
+        return {
             "state": self.state,
             "pending": [asdict(p) for p in self.pending.values()],
             "guessed": dict(self.guessed),
         }
+
+    def _snapshot(self, epoch: int, state: InlineBody | ChunkRef,
+                  out_position: int | None) -> SnapshotRecord:
+        positions = dict(self.positions)
+        if out_position is not None:
+            positions["out"] = out_position
         return SnapshotRecord(
             workload_id=self.workload_id,
             seq=self.seq,
             epoch=epoch,
             state_hash=content_hash(self.state),
-            state=InlineBody.of_json(body),
+            state=state,
             positions=positions,
         )
 
@@ -252,6 +326,16 @@ class Core:
         if len(self.pending) >= spec.outstanding_limit:
             return False
         return now_ms is None or self.pacing.allows(now_ms)
+
+    def may_deliver(self, effect_id: str) -> bool:
+        """Whether an answer for ``effect_id`` read now may still be delivered to the step:
+        the effect is pending, or it names a step of this workload not taken yet. (An effect
+        that is neither is passed over whenever its answer is merged: pending effects are only
+        ever added by the step that issues them, under their own ``seq``.)"""
+        if effect_id in self.pending:
+            return True
+        parsed = _parse_effect_id(effect_id)
+        return parsed is not None and parsed[0] == self.workload_id and parsed[1] >= self.seq
 
     def classify(self, item: Item) -> Decision:
         """Deliver or pass over ``item``, without changing anything.
@@ -279,9 +363,30 @@ class Core:
             return Decision("pass_over", "duplicate", effect_id)
         return Decision("pass_over", "unknown_effect", effect_id)
 
+    def _body_bytes(self, item: Item, spec: SpecRecord) -> tuple[bytes | None, str | None]:
+        """The bytes the step reads of ``item``'s referenced body, or why it may not read them.
+
+        A reference the workload may not read under ``spec`` (:func:`broker_schema.refs.
+        ref_problem`: another workload's chunk or stream) is handed over unread, with why (the
+        event's ``json()``/``bytes()`` raise ``TypeError`` saying so): the same live and in
+        replay. Any other reference must have been resolved by the I/O shell: :class:`RefGap`
+        when it was not."""
+        ref = referenced_body(item.record)
+        if ref is None:
+            return None, None
+        problem = ref_problem(ref, reader=self.workload_id, spec=spec)
+        if problem is not None:
+            return None, problem
+        if item.resolved is None:
+            raise RefGap(topics.stream(self.workload_id, item.source), item.offset, ref,
+                         f"its {describe_ref(ref, self.workload_id)} was not read before the "
+                         f"step at seq {self.seq}")
+        return item.resolved, None
+
     def apply(self, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
         """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
-        output records to write. Raises :class:`WorkloadError` when the step breaks a rule."""
+        output records to write. Raises :class:`WorkloadError` when the step breaks a rule, and
+        :class:`RefGap` when the step may read a referenced body the shell did not resolve."""
         decision = self.classify(item)
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
@@ -303,10 +408,13 @@ class Core:
             if not self.input_allowed(spec):
                 raise WorkloadError("outstanding_limit", "an input was merged while "
                                     f"{len(self.pending)} requests were pending", seq=self.seq)
+            resolved, unreadable = self._body_bytes(item, spec)
             event = InputEvent(seq=self.seq, time_ms=item.time_ms, offset=item.offset,
-                               body=record.body, source=record.source)
+                               body=record.body, source=record.source, resolved=resolved,
+                               unreadable=unreadable)
         else:
             assert isinstance(record, ResponseRecord)
+            resolved, unreadable = self._body_bytes(item, spec)
             self.pending.pop(record.effect_id)
             self.pacing.note(record.outcome, item.time_ms)
             if record.outcome in _TERMINAL_GUESSES:
@@ -316,6 +424,7 @@ class Core:
                 input_offset=record.header.input_offset, index=record.header.index,
                 outcome=record.outcome, output=record.output, error=record.error,
                 model_hash=record.model_hash, written_by=record.written_by,
+                resolved=resolved, unreadable=unreadable,
             )
         outputs = self._step(event, epoch=epoch, spec=spec)
         self.seq += 1

@@ -40,6 +40,14 @@ Restarts are counted (``HolderStats.broker_restarts``) and logged as ``broker un
 WARNING; three fences in a row without a committed transaction between them end the holder with
 :class:`Fenced`.
 
+References: an input whose body, or an answer whose output, is a chunk or stream reference is
+resolved in the fetch loop before it is buffered (:mod:`workload_sdk._refs_io`; chunks from
+``sys.chunks``, or from ``HolderConfig.chunk_dir``), so the step reads its bytes. A chunk or
+record that is not there yet is waited for with backoff, up to ``HolderConfig.ref_wait_s``; then
+the holder stops with :class:`~workload_sdk._logview.RefGap` naming it (never a guess, never a
+skip: nothing is merged past it, and a restart once it is there carries on). Snapshots over the
+inline limit are stored as a chunk before the transaction that holds them commits.
+
 Optionally (``HolderConfig.trim_every_s``) the holder also trims the workload's log by the spec's
 audit horizon every so often, with the same :func:`~workload_sdk._trim_io.trim_workload` that
 ``fx trim`` runs.
@@ -48,15 +56,22 @@ audit horizon every so often, with the same :func:`~workload_sdk._trim_io.trim_w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Set
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Set
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import IllegalOperation, InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import (
+    IllegalOperation,
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TopicAuthorizationFailedError,
+)
 
 from broker_schema import (
     AcceptedRecord,
@@ -81,9 +96,13 @@ from workload_sdk._core import (
     Core,
     Item,
     OutRecord,
+    describe_ref,
     next_due_ms,
+    referenced_body,
 )
 from workload_sdk._kafka_io import read_resume_log, read_topic
+from workload_sdk._logview import RefGap
+from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import out_slots, replay, resume_outputs
 from workload_sdk._round import merge_batch, outcomes_due, tick_due
 from workload_sdk._trim_io import trim_workload
@@ -118,7 +137,10 @@ class HolderConfig:
     ``check_module``: refuse a module whose hash differs from the spec's ``module_hash``.
     ``max_batch``: most records per transaction. ``poll_ms``: longest wait for new records.
     ``tick_ms``: shortest gap between two ticks. ``trim_every_s``: trim the log by the spec's
-    audit horizon this often (``fx trim``; None, the default: never).
+    audit horizon this often (``fx trim``; None, the default: never). ``chunk_dir``: the chunk
+    store is this directory (a filesystem store shared with the executors, the layout of
+    :mod:`broker_schema.chunks`) instead of ``sys.chunks``. ``ref_wait_s``: how long a chunk or
+    stream record an input or answer names is waited for before the holder stops.
     """
 
     bootstrap: str
@@ -129,6 +151,8 @@ class HolderConfig:
     poll_ms: int = 100
     tick_ms: int = 20
     trim_every_s: float | None = None
+    chunk_dir: str | None = None
+    ref_wait_s: float = 30.0
 
 
 @dataclass
@@ -142,9 +166,13 @@ class HolderStats:
     ticks: int = 0
     outcomes_written: int = 0
     rewritten_outputs: int = 0
-    #: Snapshots written, and snapshots skipped because they did not fit inline (64 KiB).
+    #: Snapshots written (``chunk_snapshots`` of them over the inline limit, their state a
+    #: chunk), and snapshots that could not be made.
     snapshots: int = 0
+    chunk_snapshots: int = 0
     snapshots_skipped: int = 0
+    #: Referenced bodies (chunks, stream records) read before the step saw them.
+    refs_resolved: int = 0
     #: Where this holder started reading ``.in``/``.resp``/``.out`` on resume.
     resumed_from: dict[str, int] = field(default_factory=dict)
     #: In-process restarts from the log after a broker outage or a coordinator fence.
@@ -233,7 +261,8 @@ class LeaseHolder:
     :class:`~fx_kafka.errors.RetentionTooShortError` when a workload topic's retention is shorter
     than the spec's audit horizon, and on resume :class:`ReplayError` when the
     module does not reproduce the recorded merge decisions or outputs and :class:`LogGap` when a
-    record replay needs is gone.
+    record replay needs is gone; :class:`~workload_sdk._logview.RefGap` (a ``LogGap``) when a
+    chunk or stream record an input, an answer or the snapshot resumed from names cannot be read.
     """
 
     def __init__(self, workload: Workload, config: HolderConfig) -> None:
@@ -258,6 +287,7 @@ class LeaseHolder:
         # offsets of records skipped (undecodable, wrong kind) behind records still buffered:
         # the read position passes them only once everything before them is merged
         self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
+        self._refs: RefResolver | None = None
 
     # -- start-up ------------------------------------------------------------------------------
     async def _claim(self, rejoin: int | None = None) -> None:
@@ -307,7 +337,8 @@ class LeaseHolder:
 
     async def _resume(self) -> None:
         cfg = self.config
-        wl, positions = await read_resume_log(cfg.bootstrap, cfg.workload_id)
+        wl, positions = await read_resume_log(cfg.bootstrap, cfg.workload_id,
+                                              resolver=self._refs)
         self.stats.resumed_from = dict(positions)
         result = replay(self.workload, wl)
         self.core = result.core
@@ -455,6 +486,7 @@ class LeaseHolder:
         self._producer = make_producer(cfg.bootstrap,
                                        transactional_id=transactional_id_for(cfg.workload_id))
         await self._producer.start()
+        self._refs = RefResolver(cfg.bootstrap, chunk_dir=cfg.chunk_dir)
         consumer = None
         trimmer: asyncio.Task[None] | None = None
         try:
@@ -480,6 +512,8 @@ class LeaseHolder:
                 await asyncio.gather(trimmer, return_exceptions=True)
             if consumer is not None:
                 await consumer.stop()
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await asyncio.wait_for(self._refs.close(), timeout=10.0)
             try:
                 # bounded: stop() flushes, which waits for a broker that may be down; what it
                 # leaves unsent is of an aborted transaction (the next InitProducerId fences it)
@@ -526,6 +560,12 @@ class LeaseHolder:
                 for msg in msgs:
                     item = self._decode(source, msg)
                     if item is not None:
+                        item = await self._resolved(item, msg.topic, stop,
+                                                    lambda: self._merge_available(bufs))
+                        if item is None:  # stopped while waiting for a reference
+                            log.info("holder of %s stopping at seq %d (waiting for a "
+                                     "reference)", cfg.workload_id, core.seq)
+                            return
                         bufs[source].append(item)
                     elif bufs[source]:
                         self._skipped[source].append(msg.offset)
@@ -580,6 +620,50 @@ class LeaseHolder:
             self._observe_clock(msg.timestamp)
         return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
 
+    async def _resolved(self, item: Item, topic: str, stop: asyncio.Event,
+                        merge_buffered: Callable[[], Awaitable[None]]) -> Item | None:
+        """``item`` with the bytes of its referenced body, if the step may read it: an input's,
+        or an answer's that may still be delivered (:meth:`Core.may_deliver`), and only what
+        the spec in force lets the workload read (else the core hands the step the reference
+        and why). What is not there yet is read again with backoff, up to ``ref_wait_s``
+        (``merge_buffered`` first: what was read before it is merged, not held up); then
+        :class:`RefGap` naming it. None when ``stop`` is set while waiting."""
+        core, cfg = self.core, self.config
+        assert core is not None and self.spec is not None and self._refs is not None
+        ref = referenced_body(item.record)
+        if ref is None or (isinstance(item.record, ResponseRecord)
+                           and not core.may_deliver(item.record.effect_id)):
+            return item
+        key = (item.source, item.offset)
+        give_up = time.monotonic() + cfg.ref_wait_s
+        attempt = 0
+        while True:
+            res = await self._refs.resolve([(key, ref)], workload=cfg.workload_id,
+                                           specs=[self.spec])
+            if key in res.resolved:
+                self.stats.refs_resolved += 1
+                return replace(item, resolved=res.resolved[key])
+            problem = res.problems[key]
+            if problem.why == "forbidden":
+                return item
+            attempt += 1
+            delay = backoff_s(attempt, cap_s=2.0)
+            if not problem.retry or time.monotonic() + delay > give_up:
+                waited = (f" (waited {cfg.ref_wait_s:.0f} s for it)" if problem.retry else "")
+                raise RefGap(topic, item.offset, ref, f"its {ref.type} reference cannot be read: "
+                             f"{problem.message}{waited}; the holder stops here, nothing is "
+                             "merged past it")
+            if attempt == 1:
+                await merge_buffered()
+            log.warning("%s@%d names %s, which is not there yet (%s): reading it again in "
+                        "%.1f s", topic, item.offset, describe_ref(ref, cfg.workload_id),
+                        problem.message, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+                return None
+            except TimeoutError:
+                pass
+
     async def _merge_available(self, bufs: dict[str, deque[Item]]) -> None:
         """Merge what is buffered, one transaction per :func:`~workload_sdk._round.merge_batch`
         (the decisions are there; this writes them and keeps the books)."""
@@ -600,6 +684,20 @@ class LeaseHolder:
                         time.time() * 1000 - self._requests[eid].time_ms)
             self.stats.steps += batch.steps
             self.stats.passed_over += batch.passed_over
+            assert self._refs is not None
+            for ref, data in list(batch.chunks):
+                # stored before the transaction that names it commits (an aborted one leaves
+                # an unnamed chunk behind: content-addressed, harmless)
+                try:
+                    stored = await self._refs.write_chunk(data, workload=wid,
+                                                          media_type=ref.media_type)
+                except (TopicAuthorizationFailedError, OSError) as exc:
+                    batch.drop_snapshot(ref, f"snapshot with chunk state {ref.hash} "
+                                        f"({ref.size} B) skipped: cannot store the chunk in "
+                                        f"{self._refs.where}: {exc!r}")
+                    continue
+                assert stored.hash == ref.hash
+                self.stats.chunk_snapshots += 1
             self.stats.snapshots += batch.snapshots
             self.stats.snapshots_skipped += len(batch.snapshots_skipped)
             for why in batch.snapshots_skipped:

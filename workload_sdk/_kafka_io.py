@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
 
 from aiokafka import TopicPartition
 
-from broker_schema import DecodeError, FactsRecord, SnapshotRecord, decode, topics
+from broker_schema import (
+    Body,
+    ChunkRef,
+    DecodeError,
+    FactsRecord,
+    MergeEntry,
+    SnapshotRecord,
+    SpecRecord,
+    decode,
+    topics,
+)
 from fx_kafka.client import check_authorized, make_consumer, read_partition
+from workload_sdk._core import referenced_body
 from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
+from workload_sdk._refs_io import RefResolver
 
 
 async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
@@ -54,10 +68,59 @@ async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]
     return facts
 
 
+def _decoded(view: TopicView) -> Iterable[tuple[int, object]]:
+    for rec in view:
+        try:
+            yield rec.offset, decode(rec.value)
+        except DecodeError:
+            continue  # replay reports it, if it needs it
+
+
+async def resolve_log(log: WorkloadLog, resolver: RefResolver, *,
+                      snapshots: Literal["all", "latest"] = "all") -> None:
+    """Fill ``log.resolved`` (and ``log.unresolved``) with what replay needs: the referenced
+    body of every record a merge entry delivers, and the chunk state of the snapshots on
+    ``.merge`` (every one, or the latest only: a resume starts there). Only what one of the
+    specs on ``.spec`` lets the workload read is read (:mod:`broker_schema.refs`). Reads
+    nothing when nothing is referenced."""
+    wants: list[tuple[tuple[str, int], Body]] = []
+    snaps: list[tuple[int, SnapshotRecord]] = []
+    for offset, record in _decoded(log["merge"]):
+        if isinstance(record, SnapshotRecord):
+            snaps.append((offset, record))
+        elif isinstance(record, MergeEntry) and record.action == "deliver":
+            view = log[record.source]
+            raw = view.records.get(record.source_offset)
+            if raw is None:
+                continue
+            try:
+                item_record = decode(raw.value)
+            except DecodeError:
+                continue
+            body = referenced_body(item_record)  # type: ignore[arg-type]
+            if body is not None:
+                wants.append(((record.source, record.source_offset), body))
+    if snapshots == "latest":
+        snaps = snaps[-1:]
+    wants.extend((("merge", offset), snap.state) for offset, snap in snaps
+                 if isinstance(snap.state, ChunkRef))
+    if not wants:
+        return
+    specs = [r for _, r in _decoded(log["spec"]) if isinstance(r, SpecRecord)]
+    res = await resolver.resolve(wants, workload=log.workload_id, specs=specs)
+    log.resolved.update(res.resolved)
+    log.unresolved.update({key: p.message for key, p in res.problems.items()})
+
+
 async def read_workload_log(bootstrap: str, workload_id: str, *,
                             streams: Iterable[str] = STREAMS,
-                            with_facts: bool = True) -> WorkloadLog:
-    """The committed records of a workload's streams (and ``sys.facts``) as a WorkloadLog."""
+                            with_facts: bool = True, resolve: bool = True,
+                            chunk_dir: str | Path | None = None) -> WorkloadLog:
+    """The committed records of a workload's streams (and ``sys.facts``) as a WorkloadLog.
+
+    ``resolve`` (default): also read what the referenced bodies replay needs name
+    (:func:`resolve_log`), chunks from ``chunk_dir`` (a filesystem store) or else
+    ``sys.chunks``."""
     log = WorkloadLog.empty(workload_id)
     wanted = list(streams)
     views = await asyncio.gather(
@@ -67,6 +130,9 @@ async def read_workload_log(bootstrap: str, workload_id: str, *,
         log.views[stream] = view
     if with_facts:
         log.facts = await read_facts(bootstrap)
+    if resolve:
+        async with RefResolver(bootstrap, chunk_dir=chunk_dir) as resolver:
+            await resolve_log(log, resolver)
     return log
 
 
@@ -94,10 +160,13 @@ def resume_positions(merge: TopicView) -> dict[str, int]:
     return positions
 
 
-async def read_resume_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog, dict[str, int]]:
+async def read_resume_log(bootstrap: str, workload_id: str, *,
+                          resolver: RefResolver | None = None
+                          ) -> tuple[WorkloadLog, dict[str, int]]:
     """The part of a workload's log a resuming holder needs: ``.spec``, ``.claims`` and
     ``.merge`` in full, ``.in``/``.resp``/``.out`` from the latest snapshot's positions (see
-    :func:`resume_positions`). Returns the log and the positions used."""
+    :func:`resume_positions`), and (with ``resolver``) what the latest snapshot's chunk state and
+    the referenced bodies delivered after it name. Returns the log and the positions used."""
     log = WorkloadLog.empty(workload_id)
     full = ("spec", "claims", "merge")
     views = await asyncio.gather(
@@ -112,4 +181,6 @@ async def read_resume_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog
     )
     for stream, view in zip(tail, views, strict=True):
         log.views[stream] = view
+    if resolver is not None:
+        await resolve_log(log, resolver, snapshots="latest")
     return log, positions

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from broker_schema import (
+    ChunkRef,
     ClaimRecord,
     DecodeError,
     EncodeError,
     FactsRecord,
     Record,
     SpecRecord,
+    StreamRef,
     canonical_json,
     decode,
     topics,
@@ -42,6 +44,16 @@ class LogGap(Exception):
         self.topic = topic
         self.offset = offset
         self.why = why
+
+
+class RefGap(LogGap):
+    """A record replay (or the holder) needs names a chunk or stream record whose bytes cannot
+    be read (``why`` is ``unresolved``): deleted, never written, or not what the reference's hash
+    says. ``ref`` is the reference; the message names it and where it was looked for."""
+
+    def __init__(self, topic: str, offset: int, ref: ChunkRef | StreamRef, detail: str) -> None:
+        super().__init__(topic, offset, "unresolved", detail)
+        self.ref = ref
 
 
 class LogFileError(ValueError):
@@ -111,11 +123,20 @@ class TopicView:
 
 @dataclass
 class WorkloadLog:
-    """Every stream of one workload, plus the facts executors published (for signatures)."""
+    """Every stream of one workload, plus the facts executors published (for signatures).
+
+    ``resolved``: the bytes of referenced bodies, read and hash-checked when the log was read
+    from the broker (:func:`workload_sdk._kafka_io.read_workload_log`), by ``(stream, offset)``
+    of the record holding the reference: an input's body (``in``), an answer's output
+    (``resp``), a snapshot's chunk state (``merge``). ``unresolved``: why the others could not be
+    read (a chunk deleted or never written...): replay raises :class:`RefGap` with it when it
+    needs one. JSONL logs carry neither (golden logs hold inline bodies only)."""
 
     workload_id: str
     views: dict[str, TopicView]
     facts: list[FactsRecord] = field(default_factory=list)
+    resolved: dict[tuple[str, int], bytes] = field(default_factory=dict, repr=False)
+    unresolved: dict[tuple[str, int], str] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:

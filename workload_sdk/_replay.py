@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from broker_schema import (
     AcceptedRecord,
+    ChunkRef,
     EffectRequest,
     InputRecord,
     MergeEntry,
@@ -26,8 +27,8 @@ from broker_schema import (
 )
 from broker_schema.binding import claim_in_force
 from workload_sdk._api import Workload, WorkloadError
-from workload_sdk._core import Core, Item, OutRecord
-from workload_sdk._logview import LogGap, WorkloadLog
+from workload_sdk._core import Applied, Core, Item, OutRecord
+from workload_sdk._logview import LogGap, RefGap, WorkloadLog
 
 __all__ = [
     "DiffReport",
@@ -104,13 +105,49 @@ def _check_from_start(log: WorkloadLog,
 
 
 def _item(log: WorkloadLog, entry: MergeEntry) -> Item:
+    """The record ``entry`` names, with the bytes of its referenced body when the log reader
+    resolved them (``log.resolved``)."""
     view = log[entry.source]
     raw = view.raw(entry.source_offset)
     record = raw.decode(view.topic)
     if not isinstance(record, InputRecord | AcceptedRecord | ResponseRecord | TickRecord):
         raise LogGap(view.topic, entry.source_offset, "missing",
                      f"the merge log names a {record.kind} record")
-    return Item(entry.source, entry.source_offset, raw.time_ms, record)
+    return Item(entry.source, entry.source_offset, raw.time_ms, record,
+                log.resolved.get((entry.source, entry.source_offset)))
+
+
+def _apply(core: Core, log: WorkloadLog, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
+    """:meth:`Core.apply`, with a referenced body that could not be read reported as the
+    :class:`RefGap` the log reader recorded (the chunk, and where it was looked for)."""
+    try:
+        return core.apply(item, epoch=epoch, spec=spec)
+    except RefGap as exc:
+        why = log.unresolved.get((item.source, item.offset))
+        if why is None:
+            raise
+        raise RefGap(exc.topic, exc.offset, exc.ref,
+                     f"its {exc.ref.type} reference cannot be read: {why}") from None
+
+
+def _snapshot_core(workload: Workload, log: WorkloadLog, offset: int,
+                   snap: SnapshotRecord) -> Core:
+    """The core a snapshot restores; its chunk state from ``log.resolved`` (:class:`RefGap`
+    naming the chunk when it could not be read)."""
+    data = None
+    if isinstance(snap.state, ChunkRef):
+        data = log.resolved.get(("merge", offset))
+        if data is None:
+            why = log.unresolved.get(("merge", offset), "it was not read")
+            raise RefGap(log["merge"].topic, offset, snap.state,
+                         f"the snapshot at seq {snap.seq} keeps its state in chunk "
+                         f"{snap.state.hash} ({snap.state.size} B), which cannot be read: {why} "
+                         "(replay from an earlier snapshot with --to, or --from-start)")
+    try:
+        return Core.from_snapshot(workload, snap, resolved=data)
+    except (ValueError, TypeError) as exc:  # a malformed snapshot: the log is not sound
+        raise ReplayError(offset, f"snapshot at seq {snap.seq} cannot be restored: "
+                          f"{exc}") from exc
 
 
 class _Specs:
@@ -144,8 +181,9 @@ def replay(
     ``to_seq``: stop after the step at that merge position (None: the end of the log). Raises
     :class:`LogGap` for a trimmed, missing or undecodable record (replay stops there: on a
     trimmed ``.merge``, when no retained snapshot is at or before ``to_seq + 1``, or with
-    ``use_snapshots=False``) and :class:`ReplayError` when the fold decides differently from the
-    merge log.
+    ``use_snapshots=False``), :class:`RefGap` for a chunk or stream record a step or the chosen
+    snapshot needs that ``log.resolved`` lacks (deleted, never written), and
+    :class:`ReplayError` when the fold decides differently from the merge log.
     """
     items = _merge_records(log)
     start_index = 0
@@ -159,11 +197,7 @@ def replay(
                 chosen = (i, offset, record)
         if chosen is not None:
             i, offset, snap = chosen
-            try:
-                core = Core.from_snapshot(workload, snap)
-            except (ValueError, TypeError) as exc:  # a malformed snapshot: the log is not sound
-                raise ReplayError(offset, f"snapshot at seq {snap.seq} cannot be restored: "
-                                  f"{exc}") from exc
+            core = _snapshot_core(workload, log, offset, snap)
             start_index = i + 1
             result_snapshot = (offset, snap.seq)
     if core is None:
@@ -191,7 +225,7 @@ def replay(
             decided = f"{decision.action}/{decision.reason or '-'}"
             raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
                               f"{record.source_offset}, the fold decides {decided}")
-        applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
+        applied = _apply(core, log, item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
         result.entries += 1
         result.last_epoch = record.epoch
         if applied.decision.action == "deliver":
@@ -307,7 +341,8 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
                              f"{record.effect_id}, a request the new code never issued")
             return report
         try:
-            applied = core.apply(item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
+            applied = _apply(core, log, item, epoch=record.epoch,
+                             spec=specs(record.epoch, core.seq))
         except WorkloadError as exc:
             report.kind = "error"
             report.detail = str(exc)

@@ -7,7 +7,8 @@ so what the golden logs show is what the holder does, not what a copy of it does
 
 - :func:`merge_batch`: what goes into one transaction: which buffered record is merged next
   (:func:`~workload_sdk._core.choose_next`, with the outstanding limit and the backpressure
-  pause), the merge entries, the step's outputs, and where snapshots go;
+  pause), the merge entries, the step's outputs, and where snapshots go (inline, or as a chunk
+  the holder stores before committing);
 - :func:`outcomes_due`: the ``timeout``/``unknown`` records to write for pending effects, judged
   against the broker time of the latest ``.resp`` record merged;
 - :func:`tick_due`: whether to append a tick (a clock marker) so that broker time moves when a
@@ -21,7 +22,15 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_schema import EffectRequest, EncodeError, ResponseRecord, SpecRecord, TickRecord
+from broker_schema import (
+    ChunkRef,
+    EffectRequest,
+    EncodeError,
+    ResponseRecord,
+    SnapshotRecord,
+    SpecRecord,
+    TickRecord,
+)
 from workload_sdk._api import WorkloadError
 from workload_sdk._core import (
     Core,
@@ -49,7 +58,10 @@ class MergedBatch:
     steps: int = 0
     passed_over: int = 0
     snapshots: int = 0
-    #: snapshots not written because they did not fit inline (64 KiB), with why
+    #: chunks to store before the transaction that holds ``records`` commits: the bodies of
+    #: snapshots over the inline limit (64 KiB), whose ``state`` is the reference, with their bytes
+    chunks: list[tuple[ChunkRef, bytes]] = field(default_factory=list)
+    #: snapshots that could not be made, with why (a state that has no canonical bytes)
     snapshots_skipped: list[str] = field(default_factory=list)
     #: broker time of the latest ``.resp`` record merged (the clock outcomes are judged on)
     now_resp_ms: int | None = None
@@ -62,6 +74,16 @@ class MergedBatch:
     def outputs(self) -> list[OutRecord]:
         """The step outputs of the batch, in order."""
         return [self.records[i][1] for i in self.output_at]
+
+    def drop_snapshot(self, ref: ChunkRef, why: str) -> None:
+        """Leave out the snapshot whose state is chunk ``ref`` (the holder could not store the
+        chunk): resume and replay start from an earlier snapshot, as correct and slower."""
+        self.records = [(stream, r) for stream, r in self.records
+                        if not (isinstance(r, SnapshotRecord) and r.state == ref)]
+        self.output_at = [i for i, (stream, _) in enumerate(self.records) if stream == "out"]
+        self.chunks = [(c, data) for c, data in self.chunks if c != ref]
+        self.snapshots -= 1
+        self.snapshots_skipped.append(why)
 
 
 def merge_batch(
@@ -123,12 +145,17 @@ def merge_batch(
             issued = {o.effect_id for o in batch.outputs if isinstance(o, EffectRequest)}
             position = None if snapshot_out_position is None else snapshot_out_position(issued)
             try:
-                batch.records.append(("merge", core.snapshot(epoch, out_position=position)))
-                batch.snapshots += 1
+                snap, chunk = core.snapshot_record(epoch, out_position=position)
             except (ValueError, EncodeError) as exc:
-                # over the inline limit (64 KiB): resume and replay start from the previous
-                # snapshot (docs/workloads.md, "Snapshots")
                 batch.snapshots_skipped.append(f"snapshot at seq {core.seq} skipped: {exc}")
+                continue
+            if chunk is not None:
+                # over the inline limit (64 KiB): the snapshot names a chunk, stored first
+                # (docs/workloads.md, "Snapshots")
+                assert isinstance(snap.state, ChunkRef)
+                batch.chunks.append((snap.state, chunk))
+            batch.records.append(("merge", snap))
+            batch.snapshots += 1
     return batch
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_schema import (
+    ChunkRef,
     EffectRequest,
     InlineBody,
     MergeEntry,
@@ -45,6 +46,7 @@ from broker_schema import (
     ResponseRecord,
     ShadowEvalRecord,
     SpecRecord,
+    StreamRef,
     content_hash,
     decode,
     encode,
@@ -130,6 +132,13 @@ def plan(log: WorkloadLog, ev: ShadowEvalRecord, *, from_seq: int | None = None,
         if model is not None:
             pairs.append(ShadowPair(offset, record, shadow_request(record, ev, model)))
     return pairs
+
+
+def answer_refs(resp: TopicView) -> list[tuple[tuple[str, int], ChunkRef | StreamRef]]:
+    """The output references of the answers :func:`answers` picks, keyed ``("resp", offset)``:
+    what the I/O shell reads for :func:`evaluate` (``resp_resolved``)."""
+    return [(("resp", offset), r.output) for offset, r in answers(resp).values()
+            if isinstance(r.output, ChunkRef | StreamRef)]
 
 
 def answers(resp: TopicView) -> dict[str, tuple[int, ResponseRecord]]:
@@ -260,11 +269,14 @@ class FoldResult:
 
 
 def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
-         shadow_answers: Mapping[str, ResponseRecord], *, to_seq: int) -> FoldResult:
+         shadow_answers: Mapping[str, ResponseRecord], *, to_seq: int,
+         shadow_resolved: Mapping[str, bytes] | None = None) -> FoldResult:
     """Run the workload's fold over steps ``ev.from_seq``..``to_seq`` of the recorded merge
     order with the shadow answers in place of the recorded ones (see the module docstring).
 
-    ``shadow_answers``: live effect id -> the shadow answer to its re-issued request. Raises
+    ``shadow_answers``: live effect id -> the shadow answer to its re-issued request;
+    ``shadow_resolved``: live effect id -> the bytes its shadow answer's output reference names
+    (read by the I/O shell, as the holder reads a live answer's). Raises
     :class:`~workload_sdk._logview.LogGap` when a record the fold needs is gone."""
     result = FoldResult()
     if ev.from_seq > 0:
@@ -293,7 +305,8 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
             live_resp = item.record
             assert isinstance(live_resp, ResponseRecord)
             item = Item(item.source, item.offset, item.time_ms, answer.model_copy(
-                update={"effect_id": eid, "header": live_resp.header}))
+                update={"effect_id": eid, "header": live_resp.header}),
+                (shadow_resolved or {}).get(eid))
         decision = core.classify(item)
         if (decision.action, decision.reason) != (record.action, record.reason):
             result.diverged_at = record.seq
@@ -424,12 +437,15 @@ def request_diffs(log: WorkloadLog, pairs: Iterable[ShadowPair],
 
 def evaluate(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord, *,
              out_view: TopicView, resp_view: TopicView, to_seq: int,
-             topics_of: Mapping[str, str]) -> dict[str, Any]:
+             topics_of: Mapping[str, str],
+             resp_resolved: Mapping[int, bytes] | None = None) -> dict[str, Any]:
     """The full report of evaluation ``ev`` over steps ``ev.from_seq``..``to_seq``, from the
     records alone (the live log; the evaluation's ``.out`` and ``.resp`` views), each read up to
     its end (``ends`` in the report: the offsets to cut at when the report is computed again).
     Deterministic: the same records give the same dict, and ``report_hash`` is ``sha256:`` of
-    its canonical JSON without that field. ``topics_of``: the evaluation's topic names."""
+    its canonical JSON without that field. ``topics_of``: the evaluation's topic names;
+    ``resp_resolved``: by offset on the evaluation's ``.resp``, the bytes an answer's output
+    reference names (:func:`answer_refs`)."""
     ends = {name: view.end for name, view in sorted(log.views.items())}
     ends["shadow.out"], ends["shadow.resp"] = out_view.end, resp_view.end
     pairs = plan(log, ev, to_seq=to_seq)
@@ -444,6 +460,9 @@ def evaluate(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord, *,
     found = answers(resp_view)
     by_live = {p.live.effect_id: found[p.shadow.effect_id][1] for p in pairs
                if p.shadow.effect_id in found}
+    resolved = resp_resolved or {}
+    live_resolved = {p.live.effect_id: resolved[found[p.shadow.effect_id][0]] for p in pairs
+                     if p.shadow.effect_id in found and found[p.shadow.effect_id][0] in resolved}
     missing = [p.shadow.effect_id for p in pairs if p.shadow.effect_id not in found]
     rows = request_diffs(log, pairs, found)
     outcomes: dict[str, int] = {}
@@ -451,7 +470,7 @@ def evaluate(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord, *,
         outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
     folded = FoldResult(diverged_at=ev.from_seq, divergence="not every re-issued request has "
                         f"an answer ({len(missing)} missing)") if missing else fold(
-        workload, log, ev, by_live, to_seq=to_seq)
+        workload, log, ev, by_live, to_seq=to_seq, shadow_resolved=live_resolved)
     substantive = [d for d in folded.differing if not d.renamed_only]
     report: dict[str, Any] = {
         "eval_id": ev.eval_id, "workload_id": ev.workload_id, "mode": ev.mode,
@@ -490,4 +509,5 @@ def cut_log(log: WorkloadLog, ends: Mapping[str, int]) -> WorkloadLog:
     """``log`` with each stream named in ``ends`` cut there (:func:`cut_view`)."""
     views = {name: cut_view(v, ends[name]) if name in ends else v
              for name, v in log.views.items()}
-    return WorkloadLog(workload_id=log.workload_id, views=views, facts=list(log.facts))
+    return WorkloadLog(workload_id=log.workload_id, views=views, facts=list(log.facts),
+                       resolved=log.resolved, unresolved=log.unresolved)

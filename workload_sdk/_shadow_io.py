@@ -40,10 +40,12 @@ from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.workload import ensure_shadow_topics
 from workload_sdk._api import Workload, module_hash
 from workload_sdk._kafka_io import read_facts, read_topic, read_workload_log
-from workload_sdk._logview import LogGap, WorkloadLog
+from workload_sdk._logview import LogGap, TopicView, WorkloadLog
+from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import _Specs
 from workload_sdk._shadow import (
     SHADOW_WRITER,
+    answer_refs,
     cut_log,
     cut_view,
     evaluate,
@@ -362,7 +364,8 @@ async def _finish(bootstrap: str, workload: Workload, ev: ShadowEvalRecord, to_s
         read_topic(bootstrap, topics.shadow_stream(wid, ev.eval_id, "resp")))
     progress(f"folding steps {ev.from_seq}..{to_seq} under the shadow answers")
     report = evaluate(workload, live, ev, out_view=out_view, resp_view=resp_view, to_seq=to_seq,
-                      topics_of=_topics_of(wid, ev.eval_id))
+                      topics_of=_topics_of(wid, ev.eval_id),
+                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view))
     record = _report_record(report)
     producer = make_producer(bootstrap)
     await producer.start()
@@ -372,6 +375,27 @@ async def _finish(bootstrap: str, workload: Workload, ev: ShadowEvalRecord, to_s
     finally:
         await producer.stop()
     return report, record
+
+
+async def _answers_resolved(bootstrap: str, live: WorkloadLog,
+                            resp_view: TopicView) -> dict[int, bytes]:
+    """What the shadow answers' output references name (``sys.chunks``), by ``.resp`` offset:
+    the fold reads them as the holder reads a live answer's."""
+    wants = answer_refs(resp_view)
+    if not wants:
+        return {}
+    specs = [r for r in (_decoded_or_none(rec.value) for rec in live["spec"])
+             if isinstance(r, SpecRecord)]
+    async with RefResolver(bootstrap) as resolver:
+        res = await resolver.resolve(wants, workload=live.workload_id, specs=specs)
+    return {offset: data for (_s, offset), data in res.resolved.items()}
+
+
+def _decoded_or_none(value: bytes) -> Any:
+    try:
+        return decode(value)
+    except DecodeError:
+        return None
 
 
 def _topics_of(wid: str, eval_id: str) -> dict[str, str]:
@@ -537,5 +561,6 @@ async def show(bootstrap: str, workload: Workload, eval_id: str, wid: str | None
     out_view = cut_view(out_view, ends.get("shadow.out", out_view.end))
     resp_view = cut_view(resp_view, ends.get("shadow.resp", resp_view.end))
     report = evaluate(workload, live, ev, out_view=out_view, resp_view=resp_view,
-                      to_seq=recorded.to_seq, topics_of=_topics_of(wid, eval_id))
+                      to_seq=recorded.to_seq, topics_of=_topics_of(wid, eval_id),
+                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view))
     return report, recorded, report["report_hash"] == recorded.report_hash

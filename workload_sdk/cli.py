@@ -35,7 +35,7 @@ from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
-from workload_sdk._logview import LogGap, WorkloadLog
+from workload_sdk._logview import LogGap, RefGap, WorkloadLog
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
 from workload_sdk._trim_io import trim_workload
@@ -75,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     workload = load_workload(args.module)
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
-                          check_module=not args.no_module_check, trim_every_s=args.trim_every)
+                          check_module=not args.no_module_check, trim_every_s=args.trim_every,
+                          chunk_dir=args.chunk_dir, ref_wait_s=args.ref_wait)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -101,6 +102,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"cannot resume: replay disagrees with the log: {exc}", file=sys.stderr,
                   flush=True)
             return EXIT_MISMATCH
+        except RefGap as exc:
+            print(f"stopped: {exc}", file=sys.stderr, flush=True)
+            return EXIT_GAP
         except LogGap as exc:
             print(f"cannot resume: {exc}", file=sys.stderr, flush=True)
             return EXIT_GAP
@@ -188,7 +192,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise SystemExit("replay needs --module MODULE:Class (the code to fold with)")
     workload = load_workload(args.module)
     try:
-        log = asyncio.run(read_workload_log(_bootstrap(args), args.id, with_facts=False))
+        log = asyncio.run(read_workload_log(_bootstrap(args), args.id, with_facts=False,
+                                            chunk_dir=args.chunk_dir))
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
@@ -340,15 +345,19 @@ EXIT_AUDIT_USAGE = 2
 AUDIT_READS = 3
 
 
-async def _read_audit_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog, bool]:
+async def _read_audit_log(bootstrap: str, workload_id: str, *,
+                          chunk_dir: str | None = None) -> tuple[WorkloadLog, bool]:
     """The committed log for an audit, read in the order that keeps it consistent with a live
     holder: ``.merge`` first (whatever an entry names was appended before it), then ``.out``,
     ``.in`` and ``.resp``, then ``.claims`` (every epoch used is claimed before), then ``.spec``
     (every spec a claim names is older). Read again (up to :data:`AUDIT_READS` times) while
-    ``.merge`` grew during the read; returns the log and whether it was settled."""
+    ``.merge`` grew during the read; returns the log and whether it was settled. What the
+    referenced bodies replay needs name is read last (:func:`~workload_sdk._kafka_io.
+    resolve_log`)."""
     from fx_kafka.client import make_consumer
-    from workload_sdk._kafka_io import read_facts, read_topic
+    from workload_sdk._kafka_io import read_facts, read_topic, resolve_log
     from workload_sdk._logview import STREAMS
+    from workload_sdk._refs_io import RefResolver
 
     def topic(stream: str) -> str:
         return topics.stream(workload_id, stream)
@@ -377,6 +386,8 @@ async def _read_audit_log(bootstrap: str, workload_id: str) -> tuple[WorkloadLog
             settled = True
             break
     log.facts = await read_facts(bootstrap)
+    async with RefResolver(bootstrap, chunk_dir=chunk_dir) as resolver:
+        await resolve_log(log, resolver)
     return log, settled
 
 
@@ -406,7 +417,7 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"fx audit: {exc}", file=sys.stderr)
         return EXIT_AUDIT_USAGE
     try:
-        log, settled = asyncio.run(_read_audit_log(bootstrap, args.id))
+        log, settled = asyncio.run(_read_audit_log(bootstrap, args.id, chunk_dir=args.chunk_dir))
         history = asyncio.run(read_history(bootstrap, fleet)) if fleet else None
     except LookupError as exc:
         print(f"fx audit: {exc}", file=sys.stderr)
@@ -441,6 +452,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 
+    def chunk_dir_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--chunk-dir", metavar="DIR",
+                       help="read (and write) chunks in this filesystem store, shared with the "
+                       "executors (their chunk_dir), instead of sys.chunks")
+
     wl = subparsers.add_parser("workload", help="run a workload's lease holder; write specs "
                                "and inputs")
     sub = wl.add_subparsers(dest="workload_cmd", required=True)
@@ -462,6 +478,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--trim-every", type=float, metavar="SECONDS",
                      help="also trim the log by the spec's audit horizon this often, as "
                      "`fx trim` does (default: never)")
+    chunk_dir_arg(run)
+    run.add_argument("--ref-wait", type=float, default=30.0, metavar="SECONDS",
+                     help="how long a chunk or stream record an input or answer names is "
+                     "waited for before the holder stops, naming it (default 30)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 
@@ -509,6 +529,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rp.add_argument("--model-dir", metavar="DIR",
                     help="mode A: where the spec's local_models are loaded from, to recompute "
                     "them (default: $FX_MODEL_DIR)")
+    chunk_dir_arg(rp)
     bootstrap_arg(rp)
     rp.set_defaults(func=_replay)
 
@@ -551,6 +572,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     au.add_argument("--clock-skew-ms", type=int, default=0, metavar="MS",
                     help="how far the brokers' clocks may differ (epoch check by append time; "
                     "default 0, one broker)")
+    chunk_dir_arg(au)
     bootstrap_arg(au)
     au.set_defaults(func=_audit)
 

@@ -22,7 +22,6 @@ The same strategies drive the CI-sized tests (``tests/unit/fuzz``) and the bench
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -36,10 +35,19 @@ from pydantic import ValidationError
 
 import broker_schema as bs
 from broker_schema.records import ErrorCode, PassOverReason
+from broker_schema.refs import ref_problem
 from executor.core import Admit, ExecutorState, Ignore, Refuse, decide, error_response, ok_response
 from tests.unit.schema_strategies import records as valid_records
 from workload_sdk import EffectResult, InputEvent, Output, State, Workload, emit, infer
-from workload_sdk._core import Core, Item, Pending, choose_next, due_outcomes, holder_outcome
+from workload_sdk._core import (
+    Core,
+    Item,
+    Pending,
+    choose_next,
+    due_outcomes,
+    holder_outcome,
+    referenced_body,
+)
 
 WID = "fz-1"
 OTHER = "fz-2"
@@ -522,7 +530,17 @@ class HolderHarness:
         if not isinstance(record, ok):
             return "skip:wrong_kind_for_stream"
         self.now += 7
-        item = Item(source, self.offsets[source], self.now, record)  # type: ignore[arg-type]
+        # the holder's fetch loop reads what a reference names before the record is buffered
+        # (an input's, an answer's that may still be delivered; only what the spec lets it
+        # read), and stops naming it when it is not there (workload_sdk._holder): here the store
+        # holds whatever is named
+        resolved = None
+        ref = referenced_body(record)
+        if ref is not None and (source == "in" or self.core.may_deliver(record.effect_id)) \
+                and ref_problem(ref, reader=WID, spec=self.spec) is None:
+            resolved = b'"fuzz"'
+        item = Item(source, self.offsets[source], self.now, record,  # type: ignore[arg-type]
+                    resolved)
         self.offsets[source] += 1
         head_in = item if source == "in" else None
         head_resp = item if source == "resp" else None
@@ -551,9 +569,8 @@ class HolderHarness:
             if isinstance(out, bs.EffectRequest):
                 self.request_times[out.effect_id] = self.now
         if applied.snapshot_due:
-            # over the inline limit: the holder skips that snapshot (documented)
-            with contextlib.suppress(ValueError, bs.EncodeError):
-                _wire(self.core.snapshot(1))
+            # over the inline limit the record names a chunk the holder stores first
+            _wire(self.core.snapshot_record(1)[0])
         label = f"{decision.action}:{decision.reason or record.kind}"
         if decision.action == "deliver" and isinstance(record, bs.ResponseRecord):
             if record.effect_id in self.delivered:

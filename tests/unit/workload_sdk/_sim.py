@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from broker_schema import (
     INFERENCE_KIND,
     AcceptedRecord,
+    Body,
+    ChunkRef,
     ClaimRecord,
     EffectHeader,
     EffectRequest,
@@ -32,6 +34,7 @@ from broker_schema import (
     KindServed,
     ResponseRecord,
     Signature,
+    SnapshotRecord,
     SpecRecord,
     TickRecord,
     decode,
@@ -39,6 +42,7 @@ from broker_schema import (
     record_hash,
     sha256_hex,
 )
+from broker_schema.chunks import chunk_ref_of
 from workload_sdk import (
     EffectResult,
     InputEvent,
@@ -106,6 +110,9 @@ class Sim:
     epochs: int = 0
     #: Signs ``ok`` responses when set (Ed25519, as an executor does).
     key: Ed25519PrivateKey | None = None
+    #: The workload's chunk store (hash -> bytes): what the holder stored (big snapshots) and
+    #: what :meth:`put_chunk` put.
+    chunks: dict[str, bytes] = field(default_factory=dict)
 
     def append(self, stream: str, record: Any, *, txn_gap: bool = False) -> int:
         view = self.log[stream]
@@ -133,6 +140,20 @@ class Sim:
     # -- the outside world -------------------------------------------------------------------
     def input(self, value: int) -> None:
         self.append("in", InputRecord(workload_id=WID, body=InlineBody.of_json(value)))
+
+    def put_chunk(self, data: bytes) -> ChunkRef:
+        """Store ``data`` in the workload's chunk store; its reference."""
+        ref = chunk_ref_of(data)
+        self.chunks[ref.hash] = data
+        return ref
+
+    def input_body(self, body: Body) -> int:
+        """An input with ``body``; a chunk reference to a stored chunk comes with its bytes, as
+        the log readers resolve it (``log.resolved``)."""
+        offset = self.append("in", InputRecord(workload_id=WID, body=body))
+        if isinstance(body, ChunkRef) and body.hash in self.chunks:
+            self.log.resolved[("in", offset)] = self.chunks[body.hash]
+        return offset
 
     def requests(self) -> list[tuple[int, EffectRequest]]:
         out = []
@@ -226,8 +247,11 @@ class SimHolder:
                     record = decode(rec.value)
                     assert isinstance(record, InputRecord | AcceptedRecord | ResponseRecord
                                       | TickRecord)
+                    # the real holder reads what a reference names here (workload_sdk._refs_io);
+                    # the simulated log holds those bytes already (Sim.input_body)
                     self.bufs[source].append(Item(source, offset, rec.time_ms,  # type: ignore[arg-type]
-                                                  record))
+                                                  record, self.sim.log.resolved.get(
+                                                      (source, offset))))
             self.fetch[source] = view.end
 
     def pump(self) -> None:
@@ -242,11 +266,15 @@ class SimHolder:
             self.tick_pending = False
         if batch.failure is not None:
             raise batch.failure
+        chunks = {ref.hash: data for ref, data in batch.chunks}
+        sim.chunks.update(chunks)  # stored before the transaction, as the holder does
         if batch.records:
             offsets = sim.write_txn(batch.records)
             for (stream, rec), offset in zip(batch.records, offsets, strict=True):
                 if stream == "out" and isinstance(rec, EffectRequest):
                     self.requests[rec.effect_id] = (offset, sim.now)
+                if isinstance(rec, SnapshotRecord) and isinstance(rec.state, ChunkRef):
+                    sim.log.resolved[("merge", offset)] = chunks[rec.state.hash]
         times = {eid: t for eid, (_, t) in self.requests.items()}
         records = outcomes_due(core, times, {eid: o for eid, (o, _) in self.requests.items()},
                                already_written=self.written, now_resp_ms=self.now_resp,
