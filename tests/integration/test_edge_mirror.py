@@ -32,7 +32,7 @@ from fx_kafka.client import (
     mirror_header,
     read_partition,
 )
-from fx_kafka.errors import FetchError, JavaNotFoundError
+from fx_kafka.errors import FetchError, JavaNotFoundError, MirrorError
 from fx_kafka.local import LocalKafka
 from fx_kafka.mirror import Mirror
 from fx_kafka.workload import ensure_workload_topics
@@ -240,17 +240,16 @@ async def test_site_log_reaches_fleet_through_a_cut_link(
         await mirror.astop()
 
 
-async def _write_site(site: str, wid: str, rounds: int, stop: asyncio.Event) -> None:
-    """Inputs (plain writes), and merge/out pairs in transactions, every fifth one aborted,
-    as a lease holder writes them."""
+async def _write_site(site: str, wid: str, stop: asyncio.Event) -> int:
+    """Until ``stop``: inputs (plain writes), and merge/out pairs in transactions, every fifth
+    one aborted, as a lease holder writes them. Returns the rounds written."""
     producer = make_producer(site)
     holder = make_producer(site, transactional_id=f"fx-test-holder.{wid}")
     await producer.start()
     await holder.start()
+    i = 0
     try:
-        for i in range(rounds):
-            if stop.is_set():
-                break
+        while not stop.is_set():
             await producer.send_and_wait(topics.inputs(wid), value=b"in %d" % i, partition=0)
             await holder.begin_transaction()
             await holder.send(topics.merge(wid), value=b"merge %d" % i, partition=0)
@@ -259,10 +258,12 @@ async def _write_site(site: str, wid: str, rounds: int, stop: asyncio.Event) -> 
                 await holder.abort_transaction()
             else:
                 await holder.commit_transaction()
+            i += 1
             await asyncio.sleep(0.02)
     finally:
         await holder.stop()
         await producer.stop()
+    return i
 
 
 async def test_a_crashed_mirror_copies_each_record_once(
@@ -278,17 +279,19 @@ async def test_a_crashed_mirror_copies_each_record_once(
     state = tmp_path / "mirror"
     mirror = Mirror(site, fleet, state_dir=state, workloads=[wid], die_with_parent=True)
     stop = asyncio.Event()
-    writer = asyncio.create_task(_write_site(site, wid, 400, stop))
+    writer = asyncio.create_task(_write_site(site, wid, stop))
     try:
         await asyncio.sleep(1.0)
         await mirror.astart(timeout=240)
         await asyncio.sleep(2.0)
-        assert not writer.done(), "the site stopped appending before the crash"
+        assert not writer.done(), writer
         mirror.kill()
         await asyncio.sleep(1.0)
         mirror = Mirror(state_dir=state, die_with_parent=True)
         await mirror.astart(timeout=240)
-        await writer
+        await asyncio.sleep(1.0)
+        stop.set()
+        rounds = await writer
         await mirror.wait_caught_up(timeout=120)
         code, out = _fx("mirror", "status", "--dir", str(state), "--json")
         assert code == 0 and all(t["caught_up"] for t in json.loads(out)["topics"]), out
@@ -304,4 +307,18 @@ async def test_a_crashed_mirror_copies_each_record_once(
         assert [mirror_header(r[3], MIRROR_OFFSET_HEADER) for r in raw] == \
             [r[0] for r in site_records], topic
     merges = [v for _, _, v in (await _read(fleet, topics.merge(wid)))[1]]
-    assert len(merges) == 400 - 400 // 5 and not any(v.endswith((b"4", b"9")) for v in merges)
+    assert merges == [b"merge %d" % i for i in range(rounds) if i % 5 != 4]
+
+    # the copy is not trimmed on the fleet (its offsets are not the site's)
+    code, out = _fx("trim", wid, "--bootstrap", fleet)
+    assert code == 0 and "copy made by fx mirror: nothing is trimmed" in out, out
+
+    # refused before MirrorMaker 2 starts: a fleet topic that would overwrite the site's
+    # times, and a workload the site does not have
+    other = f"{wid}x"
+    await ensure_workload_topics(site, other)
+    await ensure_workload_topics(fleet, other)  # LogAppendTime: the fleet's own
+    with pytest.raises(MirrorError, match=r"message\.timestamp\.type=LogAppendTime on the fleet"):
+        await Mirror(site, fleet, state_dir=tmp_path / "m2", workloads=[other]).astart()
+    with pytest.raises(MirrorError, match="unknown workload 'nosuch' on the site"):
+        await Mirror(site, fleet, state_dir=tmp_path / "m3", workloads=["nosuch"]).astart()
