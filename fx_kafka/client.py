@@ -438,15 +438,21 @@ async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int |
     if first >= end:
         return read
     consumer.seek(tp, first)
-    raw: list[Any] = []
+    raw: list[Any] = []  # a mirrored copy's records, kept whole until their site offsets are read
+    mirrored: bool | None = None
     while await consumer.position(tp) < end:
         if loop.time() > deadline:
             raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
                                f"of {end}")
-        batch = await consumer.getmany(tp, timeout_ms=500)
-        raw.extend(m for m in batch.get(tp, []) if m.offset < end)
-    if not raw or mirror_header(raw[0].headers, MIRROR_OFFSET_HEADER) is None:
-        read.records.extend((m.offset, m.timestamp, m.value or b"") for m in raw)
+        batch = [m for m in (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+                 if m.offset < end]
+        if batch and mirrored is None:
+            mirrored = mirror_header(batch[0].headers, MIRROR_OFFSET_HEADER) is not None
+        if mirrored:
+            raw.extend(batch)
+        else:
+            read.records.extend((m.offset, m.timestamp, m.value or b"") for m in batch)
+    if not mirrored:
         return read
     records, log_start = _site_records(topic, raw)
     site_begin = records[0][0] if log_start is None else min(log_start, records[0][0])
