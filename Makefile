@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip download --no-deps --only-binary=:all: -d $(VENV)/model-wheels magika==0.6.1
 	touch $@
 
-# Apache Kafka jars from Maven Central, cached under $${FX_CACHE_DIR:-~/.cache/ninelives-fx}
+# Apache Kafka jars from Maven Central, cached under $${FX_CACHE_DIR:-~/.cache/ninelives-fx};
+# --mirror: MirrorMaker 2 and the project's transform for `fx mirror` (compiled: needs a JDK)
 kafka:
-	bash deploy/local-kafka/fetch.sh
+	bash deploy/local-kafka/fetch.sh --mirror
 
 lint: install
 	$(BIN)/ruff check .

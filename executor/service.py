@@ -115,7 +115,13 @@ from executor.identity import NodeIdentity
 from executor.ledger import LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
-from fx_kafka.client import make_consumer, make_producer, wait_ready
+from fx_kafka.client import (
+    MIRROR_OFFSET_HEADER,
+    make_consumer,
+    make_producer,
+    mirror_header,
+    wait_ready,
+)
 from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
 
@@ -778,6 +784,12 @@ class ExecutorService:
     ) -> None:
         key = (tp.topic, tp.partition)
         tracker.track(key, msg.offset)
+        if mirror_header(getattr(msg, "headers", None), MIRROR_OFFSET_HEADER) is not None:
+            # a site's request copied to this cluster by `fx mirror`: the site answered it (or
+            # will); an answer here would be written into the read-only copy
+            self.metrics.ignored.labels("mirrored_copy").inc()
+            tracker.done(key, msg.offset)
+            return
         try:
             # topic: a record of a kind that does not belong on .out (a claim, a response...) is
             # refused as ``wrong_stream``, recorded and counted like an undecodable one

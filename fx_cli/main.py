@@ -18,6 +18,7 @@ from fx_kafka.logs import quiet_client_logs
 _COMMAND_MODULES = (
     "fx_cli.schema",
     "fx_kafka.cli",
+    "fx_kafka.mirror",
     "fx_kafka.acl",
     "fx_kafka.keys",
     "executor.cli",

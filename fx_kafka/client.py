@@ -32,13 +32,16 @@ from aiokafka.errors import (
 )
 
 from broker_schema.limits import BROKER_MESSAGE_MAX_BYTES
-from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError
+from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError, MirrorCopyError
 from fx_kafka.replication import ReplicationSettings
 from fx_kafka.security import ClientSecurity
 from fx_kafka.security import current as current_security
 
 __all__ = [
     "FRAME_CAP_BYTES",
+    "MIRROR_LOG_START_HEADER",
+    "MIRROR_OFFSET_HEADER",
+    "MIRROR_SITE_HEADER",
     "PartitionRead",
     "broker_count",
     "check_authorized",
@@ -46,6 +49,7 @@ __all__ = [
     "make_admin",
     "make_consumer",
     "make_producer",
+    "mirror_header",
     "probe_connection",
     "read_partition",
     "wait_brokers",
@@ -319,15 +323,90 @@ def make_consumer(
     return AIOKafkaConsumer(*topics, **options)
 
 
+#: Headers that ``fx mirror`` (MirrorMaker 2 with this project's ``SourceOffsetHeader``
+#: transform, deploy/local-kafka/mirror) puts on every record it copies to the fleet: the
+#: record's offset on the site (ASCII decimal), the site's alias, and, on the first record copied
+#: from a partition, the site's log start offset then. Must equal the Java constants (a unit
+#: test checks).
+MIRROR_OFFSET_HEADER = "fx.mirror.offset"
+MIRROR_SITE_HEADER = "fx.mirror.site"
+MIRROR_LOG_START_HEADER = "fx.mirror.log_start"
+
+
+def mirror_header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> int | None:
+    """The integer value of header ``name`` (one of the ``MIRROR_*_HEADER`` offsets), or None
+    when the record does not carry it; :class:`MirrorCopyError` if it is not a decimal."""
+    for key, value in headers or ():
+        if key == name:
+            text = bytes(value or b"").decode("ascii", "replace")
+            if not text.isdigit():
+                raise MirrorCopyError(f"header {name}={text!r} is not an offset")
+            return int(text)
+    return None
+
+
 @dataclass
 class PartitionRead:
     """What :func:`read_partition` read: the log start (``begin``), the last stable offset at
     the time of the call (``end``) and every record in between as ``(offset, broker time,
-    value)``."""
+    value)``.
+
+    On a mirrored copy (``mirrored``: its records carry :data:`MIRROR_OFFSET_HEADER`) every
+    offset is the site's: ``records`` hold the site offsets, ``begin`` is the site's log start
+    when the mirror first copied the partition (its first record's offset when unknown) and
+    ``end`` the offset after the last record copied (the site's own end may be higher by the
+    transaction markers after it, which a copy cannot see). ``raw_end`` is the copy's own last
+    stable offset."""
 
     begin: int
     end: int
     records: list[tuple[int, int, bytes]] = field(default_factory=list)
+    mirrored: bool = False
+    raw_end: int | None = None
+
+
+async def _first_headers(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: int, end: int,
+                         deadline: float) -> Any:
+    """The first committed record at or after ``begin`` (None when there is none below
+    ``end``)."""
+    loop = asyncio.get_running_loop()
+    consumer.seek(tp, begin)
+    while await consumer.position(tp) < end:
+        if loop.time() > deadline:
+            raise TimeoutError(f"reading {tp.topic}: no record found from {begin} to {end}")
+        batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        for m in batch.get(tp, []):
+            if m.offset < end:
+                return m
+    return None
+
+
+def _site_records(topic: str, raw: list[Any]) -> tuple[list[tuple[int, int, bytes]], int | None]:
+    """A mirrored copy's records with their site offsets (in the copy's order, which is the
+    site's), and the log start the first one carries. A record copied twice (same site offset,
+    same value and time: an at-least-once mirror after a crash) is kept once; a second record
+    with the same or a lower site offset and different bytes, or one without the header among
+    copied records, is a :class:`MirrorCopyError`."""
+    out: list[tuple[int, int, bytes]] = []
+    seen: dict[int, tuple[int, bytes]] = {}
+    log_start: int | None = None
+    for m in raw:
+        site = mirror_header(m.headers, MIRROR_OFFSET_HEADER)
+        if site is None:
+            raise MirrorCopyError(f"{topic}: the record at offset {m.offset} of this copy carries "
+                                  f"no {MIRROR_OFFSET_HEADER} header: it was not written by the "
+                                  "mirror (a mirrored copy is read-only)")
+        if not out:
+            log_start = mirror_header(m.headers, MIRROR_LOG_START_HEADER)
+        value = m.value or b""
+        if out and site <= out[-1][0]:
+            if seen.get(site) == (m.timestamp, value):
+                continue  # the same record copied again
+            raise MirrorCopyError(f"{topic}: the record at offset {m.offset} of this copy names "
+                                  f"site offset {site}, after {out[-1][0]}, with other bytes")
+        out.append((site, m.timestamp, value))
+        seen[site] = (m.timestamp, value)
+    return out, log_start
 
 
 async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int | None = None,
@@ -335,23 +414,50 @@ async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int |
     """Read partition 0 of ``topic`` with ``consumer`` (started, read_committed) from ``start``
     (default: the log start) up to its last stable offset at the time of the call.
     ``TimeoutError`` when the read does not get there within ``timeout`` seconds. The one
-    partition reader of the project: replay, why, verify and the ledger all read through it."""
+    partition reader of the project: replay, why, verify and the ledger all read through it.
+
+    A copy that ``fx mirror`` made on the fleet is read in the site's offsets (see
+    :class:`PartitionRead`): ``start`` is then a site offset, and the copy is read from its
+    beginning and cut there (the copy's own offsets differ from the site's: the site's
+    transaction markers are not copied and the mirror's own transactions add markers)."""
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     begin = (await consumer.beginning_offsets([tp]))[tp]
     end = (await consumer.end_offsets([tp]))[tp]
     read = PartitionRead(begin=begin, end=end)
+    if begin >= end:
+        return read
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     first = begin if start is None else max(begin, start)
+    if first > begin:
+        # is this a mirrored copy? (then ``start`` is a site offset: read from the beginning)
+        head = await _first_headers(consumer, tp, begin, end, deadline)
+        if head is not None and mirror_header(head.headers, MIRROR_OFFSET_HEADER) is not None:
+            first = begin
     if first >= end:
         return read
     consumer.seek(tp, first)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    raw: list[Any] = []  # a mirrored copy's records, kept whole until their site offsets are read
+    mirrored: bool | None = None
     while await consumer.position(tp) < end:
         if loop.time() > deadline:
             raise TimeoutError(f"reading {topic}: stuck at {await consumer.position(tp)} "
                                f"of {end}")
-        batch = await consumer.getmany(tp, timeout_ms=500)
-        read.records.extend((m.offset, m.timestamp, m.value or b"")
-                            for m in batch.get(tp, []) if m.offset < end)
-    return read
+        batch = [m for m in (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+                 if m.offset < end]
+        if batch and mirrored is None:
+            mirrored = mirror_header(batch[0].headers, MIRROR_OFFSET_HEADER) is not None
+        if mirrored:
+            raw.extend(batch)
+        else:
+            read.records.extend((m.offset, m.timestamp, m.value or b"") for m in batch)
+    if not mirrored:
+        return read
+    records, log_start = _site_records(topic, raw)
+    site_begin = records[0][0] if log_start is None else min(log_start, records[0][0])
+    site_end = records[-1][0] + 1
+    return PartitionRead(
+        begin=site_begin, end=max(site_end, start or 0),
+        records=[r for r in records if start is None or r[0] >= start],
+        mirrored=True, raw_end=end)

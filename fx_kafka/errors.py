@@ -10,6 +10,8 @@ __all__ = [
     "BrokerStartError",
     "FetchError",
     "JavaNotFoundError",
+    "MirrorCopyError",
+    "MirrorError",
     "NoBrokerError",
     "PortInUseError",
     "ReplicationConfigError",
@@ -104,3 +106,20 @@ class ReplicationConfigError(BrokerError):
     """Replication settings (``FX_REPLICATION_FACTOR``, ``FX_MIN_INSYNC_REPLICAS``) that cannot
     work on the cluster: a factor above the broker count, a min ISR above the factor, a bad
     value."""
+
+
+class MirrorCopyError(BrokerError):
+    """A mirrored copy on the fleet (``fx mirror``) that is not a copy of the site's log: a
+    record without the site-offset header among copied ones, or two different records that
+    name the same site offset."""
+
+
+class MirrorError(BrokerError):
+    """``fx mirror`` cannot start, stop or tell its state: a broker that does not answer, an
+    unknown workload, a fleet topic that would not keep the site's times, MirrorMaker 2 that
+    exits or does not replicate in time (``log_tail`` holds the end of its log)."""
+
+    def __init__(self, message: str, *, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n--- MirrorMaker 2 log tail ---\n{log_tail}"
+                                    if log_tail else ""))
+        self.log_tail = log_tail

@@ -38,7 +38,7 @@ async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
         read = await read_partition(consumer, topic, start=start, timeout=timeout)
     finally:
         await consumer.stop()
-    view = TopicView(topic=topic, start=read.begin, end=read.begin)
+    view = TopicView(topic=topic, start=read.begin, end=read.begin, mirrored=read.mirrored)
     for offset, time_ms, value in read.records:
         view.add(LogRecord(offset, time_ms, value))
     view.end = max(view.end, read.end)

@@ -87,13 +87,15 @@ class TopicView:
     """The records of one topic partition that were read, by offset.
 
     ``start`` is the log start offset (records below it were trimmed), ``end`` the offset after
-    the last record read.
+    the last record read. ``mirrored``: read from a fleet's copy made by ``fx mirror`` (the
+    offsets are the site's: :func:`fx_kafka.client.read_partition`).
     """
 
     topic: str
     start: int = 0
     end: int = 0
     records: dict[int, LogRecord] = field(default_factory=dict)
+    mirrored: bool = False
 
     def add(self, rec: LogRecord) -> None:
         """Add a record (the view's ``end`` follows)."""

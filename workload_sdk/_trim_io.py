@@ -88,6 +88,13 @@ async def trim_workload(bootstrap: str, workload_id: str, *, dry_run: bool = Fal
     :mod:`workload_sdk._trim`). ``dry_run``: decide and return the plan, delete nothing.
     ``now_ms``: the time the horizon counts back from (default: this machine's clock)."""
     wl = await read_trim_log(bootstrap, workload_id)
+    if any(wl[s].mirrored for s in ("spec", "merge", "resp", "out")):
+        # the copy's own offsets are not the site's: DeleteRecords at site offsets would cut
+        # elsewhere (and the fleet keeps the site's history by design)
+        plan = plan_trim(wl, None)
+        plan.note = (f"{topics.prefix(workload_id)}* here is a copy made by fx mirror: nothing "
+                     "is trimmed (trim the site; the copy's offsets are not the site's)")
+        return plan
     spec = latest_spec(wl)
     if spec is None:
         plan = plan_trim(wl, None)

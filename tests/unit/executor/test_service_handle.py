@@ -85,16 +85,31 @@ async def _service(tmp_path: Path, **engines: Any) -> tuple[ExecutorService, Fak
     return svc, producer
 
 
-def _msg(value: bytes, offset: int) -> Any:
+def _msg(value: bytes, offset: int, headers: tuple[tuple[str, bytes], ...] = ()) -> Any:
     return SimpleNamespace(topic=topics.out(WL), partition=0, offset=offset, value=value,
-                           timestamp=int(time.time() * 1000))
+                           timestamp=int(time.time() * 1000), headers=headers)
 
 
-async def _handle(svc: ExecutorService, value: bytes, offset: int) -> None:
+async def _handle(svc: ExecutorService, value: bytes, offset: int,
+                  headers: tuple[tuple[str, bytes], ...] = ()) -> None:
     tracker = svc._trackers[INFERENCE_KIND]
     await svc._handle(INFERENCE_KIND, tracker, TopicPartition(topics.out(WL), 0),
-                      _msg(value, offset), set())
+                      _msg(value, offset, headers), set())
     await svc._await_background()
+
+
+async def test_a_request_mirrored_from_a_site_is_never_answered(tmp_path: Path) -> None:
+    """On the fleet, a site's .out copied by `fx mirror` carries the site offset header: the
+    site answers its own requests, and the copy is read-only."""
+    svc, producer = await _service(tmp_path)
+    model = "sha256:" + "a" * 64
+    svc.state.observe_spec(spec(WL, {"m": model}), offset=0)
+    svc.state.observe_claim(claim(WL, 1))
+    req = request(WL, model, epoch=1)
+    await _handle(svc, encode(req), 4, headers=(("fx.mirror.offset", b"9"),))
+    assert producer.sent == [] and not svc.state.in_flight
+    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 5}
+    assert 'fx_executor_ignored_total{reason="mirrored_copy"} 1.0' in svc.metrics_text().decode()
 
 
 async def test_in_flight_record_read_again_after_a_rebalance_stays_unsettled(
