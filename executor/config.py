@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
@@ -101,6 +108,11 @@ class ExecutorConfig(BaseModel):
     device: Literal["auto", "cpu"] = "auto"
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
+    #: Kinds served without a model: effect kind -> ``module:factory`` of a
+    #: :class:`executor.engines.KindHandler`. Each must be one of ``kinds``; its requests name
+    #: no model (one that does is ``model_unknown``) and are admitted by the same rules as
+    #: inference (docs/executor.md, "Kinds without a model").
+    handlers: dict[EffectKind, str] = Field(default_factory=dict)
     #: The integer engine's backend: ``auto`` (``cupy`` on a CUDA device unless ``device`` is
     #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``cpu-kernel`` (the
     #: CUDA sources built with g++) or ``cupy``. Every backend is byte-identical to the oracle.
@@ -124,6 +136,13 @@ class ExecutorConfig(BaseModel):
     #: ``sasl_username``, ``sasl_password_file``, ``ca_file``, ``ssl_check_hostname``. A
     #: password is named by file only (the config is printed). Empty: the environment decides.
     kafka_security: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _handlers_served(self) -> ExecutorConfig:
+        unserved = sorted(set(self.handlers) - set(self.kinds))
+        if unserved:
+            raise ValueError(f"handlers names kinds that are not in kinds: {unserved}")
+        return self
 
     @field_validator("topic_pattern")
     @classmethod

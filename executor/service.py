@@ -108,7 +108,15 @@ from executor.core import (
     renewal_due,
     renewed,
 )
-from executor.engines import BUILTIN_ENGINES, Engine, EngineOptions, EngineResult, build_engine
+from executor.engines import (
+    BUILTIN_ENGINES,
+    Engine,
+    EngineOptions,
+    EngineResult,
+    KindHandler,
+    build_engine,
+    build_handler,
+)
 from executor.errors import EngineError, ModelError, OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
@@ -240,6 +248,10 @@ class ExecutorService:
             self._engines["onnxruntime"] = build_engine(
                 self._engine_targets["onnxruntime"], self._engine_options
             )
+        #: kinds served without a model (``handlers``): their jobs queue under _HANDLER_KEY+kind
+        self._handlers: dict[str, KindHandler] = {
+            kind: build_handler(target, self._engine_options)
+            for kind, target in config.handlers.items()}
         device = "cuda" if any(e.device_class == "cuda" for e in self._engines.values()) else "cpu"
         self.state = ExecutorState(
             node_id=config.node_id,
@@ -607,6 +619,15 @@ class ExecutorService:
             raise err from exc
         return engine, manifest
 
+    async def _request_status(self, kind: str, record: EffectRequest) -> ModelStatus:
+        """What :func:`executor.core.decide` is told of the request's model: the store's answer
+        for the hash it names; ``ready`` for a kind served without a model (``handlers``) that
+        names none, ``absent`` for one that names a model anyway (and for any other kind that
+        names none: inference needs one)."""
+        if kind in self._handlers:
+            return "absent" if record.model else "ready"
+        return await self._model_status(record.model) if record.model else "absent"
+
     async def _model_status(self, model_hash: str | None) -> ModelStatus:
         if model_hash is None:
             return "absent"
@@ -811,7 +832,7 @@ class ExecutorService:
             await self._sync_workload(workload_id, shadow=shadow)
             synced.add(sync_key)
         await self._wait_for_room(kind, record)
-        status = await self._model_status(record.model) if record.model else "absent"
+        status = await self._request_status(kind, record)
         now_ns = time.time_ns()
         self.metrics.read_lag_seconds.labels(kind).observe(
             max(0.0, now_ns / 1e9 - msg.timestamp / 1e3)
@@ -844,10 +865,10 @@ class ExecutorService:
                         decision.job.effect_id.encode())
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
-            assert record.model is not None
+            queue_key = record.model or _HANDLER_KEY + kind  # a kind without a model: its handler
             self._leases[decision.job.effect_id] = decision.accepted
             self._start_fetch(
-                _Job(decision.job, kind, record.model, ack, read_mono, key, tracker, accepted, gen)
+                _Job(decision.job, kind, queue_key, ack, read_mono, key, tracker, accepted, gen)
             )
 
     async def _write_refusal(
@@ -1196,6 +1217,9 @@ class ExecutorService:
 
     # ------------------------------------------------------------------------------ workers
     def _batch_limit(self, model_hash: str) -> int:
+        handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
+        if handler is not None:
+            return max(1, min(self.config.max_batch, handler.max_batch))
         try:
             engine = self._engine_for(self.store.manifest(model_hash))
         except ModelError:
@@ -1211,15 +1235,22 @@ class ExecutorService:
             # inputs were read before the job was queued (``_fetch_input``): nothing here waits
             # on the broker for one request while others queue behind it
             ready: list[tuple[_Job, bytes]] = [(j, j.data) for j in jobs]
-            try:
-                engine, manifest = await loop.run_in_executor(
-                    self._pool, self._ensure_loaded, model_hash
-                )
-            except OutcomeError as exc:
-                for j, _ in ready:
-                    self._answer_job(j, self.state.refusal_executor, None, exc)
-                continue
-            self._spawn(self._publish_facts())
+            handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
+            engine: Engine | KindHandler
+            manifest: ModelManifest | None = None
+            if handler is not None:  # a kind without a model: no store, no load
+                engine, target, answered_hash = handler, jobs[0].kind, None
+            else:
+                try:
+                    engine, manifest = await loop.run_in_executor(
+                        self._pool, self._ensure_loaded, model_hash
+                    )
+                except OutcomeError as exc:
+                    for j, _ in ready:
+                        self._answer_job(j, self.state.refusal_executor, None, exc)
+                    continue
+                target, answered_hash = model_hash, model_hash
+                self._spawn(self._publish_facts())
             info = ExecutorInfo(
                 node_id=self.config.node_id,
                 engine=engine.name,
@@ -1238,7 +1269,7 @@ class ExecutorService:
                     _request_context(j.job) for j, _ in ready])
             try:
                 results = await loop.run_in_executor(
-                    self._pool, run_batch, model_hash, items
+                    self._pool, run_batch, target, items
                 )
             except Exception as exc:  # an engine bug: every request in the batch gets the error
                 results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
@@ -1248,14 +1279,13 @@ class ExecutorService:
             self.metrics.compute_seconds.labels(model_hash).observe(time.monotonic() - now)
             self.metrics.batch_size.labels(model_hash).observe(len(items))
             self.metrics.exec_count.labels(model_hash).inc()
-            receipt_base: dict[str, Any] = {
-                "manifest_hash": manifest.manifest_hash(),
-                "preprocessing_version": manifest.preprocessing_version,
-                "batch_size": len(items),
-            }
+            receipt_base: dict[str, Any] = {"batch_size": len(items)}
+            if manifest is not None:
+                receipt_base.update(manifest_hash=manifest.manifest_hash(),
+                                    preprocessing_version=manifest.preprocessing_version)
             for (j, _), result in zip(ready, results, strict=True):
                 self._answer_job(
-                    j, info, model_hash, result, started_us=started_us,
+                    j, info, answered_hash, result, started_us=started_us,
                     finished_us=finished_us, receipt_base=receipt_base,
                 )
 
@@ -1350,6 +1380,10 @@ class ExecutorService:
             return await self._produce("ledger", topic, value, key)
 
         await self._ledger.append(receipt, produce)
+
+
+#: Scheduler key prefix of the jobs of a kind served without a model (never a ``sha256:`` hash).
+_HANDLER_KEY = "kind:"
 
 
 def _request_context(job: InFlight) -> dict[str, Any]:
