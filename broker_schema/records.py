@@ -794,14 +794,16 @@ class ActuatorMemoryRecord(_Model):
     ``entry``: ``attempt`` (an ``at-most-once`` command about to be written to the device, keyed
     by its original effect id: written and acknowledged *before* the device write, so a
     restarted gateway never writes it twice), ``done`` (the same command, written and read back:
-    ``output`` is what its response said), ``epoch`` (a ``fenced`` device's highest epoch for
-    one workload, keyed by device and workload). The key of each record is :meth:`key`, so
+    ``output`` is what its response said), ``cleared`` (the same command ended without reaching
+    the device, unreachable or refused by it: a later request with that id is no repeat),
+    ``epoch`` (a ``fenced`` device's highest epoch for one workload, keyed by device and
+    workload). The key of each record is :meth:`key`, so
     compaction keeps the latest per key; the gateway reads the topic back on start."""
 
     kind: Literal["actuator_memory"] = "actuator_memory"
     v: Literal[1] = SCHEMA_VERSION
     node_id: NodeId
-    entry: Literal["attempt", "done", "epoch"]
+    entry: Literal["attempt", "done", "cleared", "epoch"]
     device: Annotated[str, Field(min_length=1, max_length=200)]
     workload_id: WorkloadId
     epoch: Epoch

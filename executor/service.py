@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +77,6 @@ from broker_schema.records import (
     AcceptedRecord,
     Body,
     ChunkRef,
-    ClaimRecord,
     EffectRequest,
     ExecutorInfo,
     InlineBody,
@@ -85,9 +84,6 @@ from broker_schema.records import (
     RejectCode,
     RejectedRecord,
     ResponseRecord,
-    ShadowEvalRecord,
-    ShadowReportRecord,
-    SpecRecord,
     StreamRef,
 )
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
@@ -123,6 +119,7 @@ from executor.identity import NodeIdentity
 from executor.ledger import LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
+from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import make_consumer, make_producer, wait_ready
 from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
@@ -194,30 +191,6 @@ class _Scheduler:
         return jobs
 
 
-class _Uvicorn:
-    """uvicorn's server without its signal handlers (the service owns SIGTERM)."""
-
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Generator[None, None, None]:
-                yield
-
-        self.server = Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        )
-
-    @property
-    def port(self) -> int | None:
-        servers = getattr(self.server, "servers", None)
-        if not servers:
-            return None
-        port: int = servers[0].sockets[0].getsockname()[1]
-        return port
-
-
 class ExecutorService:
     """One executor node. ``await run()`` until :meth:`request_stop` (or SIGTERM in the CLI)."""
 
@@ -272,8 +245,7 @@ class ExecutorService:
         self._renew_lock = asyncio.Lock()
         self._retired: set[asyncio.Task[Any]] = set()
         self._side: AIOKafkaConsumer | None = None
-        self._side_lock = asyncio.Lock()
-        self._watched: dict[str, list[TopicPartition]] = {}
+        self._sync: ClaimsSpecReader | None = None
         # Referenced inputs are read apart from the workers, at most ``input_fetchers`` at once
         # (one idle stream consumer each, made on first use): see ``_fetch_input``.
         self._fetch_slots = asyncio.Semaphore(config.input_fetchers)
@@ -302,7 +274,7 @@ class ExecutorService:
         self._stopping = False
         self._fatal: BaseException | None = None
         self._facts: Any = None
-        self._http: _Uvicorn | None = None
+        self._http: Any = None  # executor.http.UvicornServer, imported with HTTP only
         self._started = False
         self._reject_kind = sorted(config.kinds)[0]
         #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
@@ -329,6 +301,9 @@ class ExecutorService:
             self.chunks = kstore
         self._side = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
         await self._side.start()
+        self._sync = ClaimsSpecReader(
+            self.state, self._side, self._probe,
+            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc())
         preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
         for model_hash in preload:
             try:
@@ -359,9 +334,9 @@ class ExecutorService:
             self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
         self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:
-            from executor.http import create_app
+            from executor.http import UvicornServer, create_app
 
-            self._http = _Uvicorn(create_app(self), cfg.http_host, cfg.http_port)
+            self._http = UvicornServer(create_app(self), cfg.http_host, cfg.http_port)
             self._http_task = asyncio.create_task(self._http.server.serve())
             for _ in range(100):
                 if self._http.server.started:
@@ -927,70 +902,16 @@ class ExecutorService:
     async def _sync_workload(self, workload_id: str, *, shadow: str | None = None,
                              attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
         """Read ``.claims`` and ``.spec`` of ``workload_id`` (and the ``.eval`` of its shadow
-        evaluation ``shadow``) up to their end offsets now.
-
-        Fencing decisions rest on this state, so a failed catch-up is retried (with backoff)
-        until it succeeds or the service stops: deciding on a stale spec or epoch would be a
-        guessed outcome. While it retries, this partition's request stays unsettled (never
-        committed), so a restart reads it again.
-        """
-        delay = 0.5
-        while True:
-            try:
-                await asyncio.wait_for(self._sync_workload_inner(workload_id, shadow),
-                                       attempt_s)
-                return
-            except (TimeoutError, KafkaError) as exc:
-                self.metrics.sync_failures.inc()
-                log.error("could not catch up on claims/spec of %s: %r; retrying in %.1f s "
-                          "(no request of it is decided meanwhile)", workload_id, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_backoff_s)
+        evaluation ``shadow``) up to their end offsets now, retried until it succeeds
+        (:func:`executor.sync.catch_up`): while it retries, this partition's request stays
+        unsettled (never committed), so a restart reads it again."""
+        await catch_up(self._sync_workload_inner, workload_id, shadow,
+                       on_failure=self.metrics.sync_failures.inc, attempt_s=attempt_s,
+                       max_backoff_s=max_backoff_s)
 
     async def _sync_workload_inner(self, workload_id: str, shadow: str | None = None) -> None:
-        side = self._side
-        assert side is not None
-        async with self._side_lock:
-            tps = [
-                TopicPartition(topics.claims(workload_id), 0),
-                TopicPartition(topics.spec(workload_id), 0),
-            ]
-            if shadow is not None:
-                tps.append(TopicPartition(topics.shadow_stream(workload_id, shadow, "eval"), 0))
-            watch_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
-            if watch_key not in self._watched:
-                self._watched[watch_key] = tps
-                # Re-assigning resets positions to the beginning: reading again is idempotent.
-                side.assign([tp for group in self._watched.values() for tp in group])
-            assert self._probe is not None
-            end = await self._probe.end_offsets(tps)
-            while True:
-                behind = [tp for tp in tps if await side.position(tp) < end[tp]]
-                if not behind:
-                    return
-                data = await side.getmany(*behind, timeout_ms=1000)
-                for _tp, msgs in data.items():
-                    for msg in msgs:
-                        self._observe(workload_id, msg)
-
-    def _observe(self, workload_id: str, msg: Any) -> None:
-        try:
-            record = decode(msg.value)
-        except DecodeError as exc:
-            log.warning("undecodable record at %s offset %d: %s", msg.topic, msg.offset, exc)
-            self.metrics.rejected.labels(exc.code).inc()
-            return
-        if isinstance(record, ClaimRecord) and record.workload_id == workload_id:
-            self.state.observe_claim(record)
-        elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
-            self.state.observe_spec(record, msg.offset)
-        elif (isinstance(record, ShadowEvalRecord) and record.workload_id == workload_id
-              and msg.topic == topics.shadow_stream(workload_id, record.eval_id, "eval")):
-            self.state.observe_shadow(record)
-        elif isinstance(record, ShadowReportRecord):
-            pass  # an evaluation's result: nothing an executor decides on
-        else:
-            log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)
+        assert self._sync is not None
+        await self._sync.read(workload_id, shadow)
 
     # ------------------------------------------------------------------------------ inputs
     async def _fetch_input(self, j: _Job) -> None:

@@ -149,7 +149,7 @@ records: st.SearchStrategy[Any] = st.one_of(
               device=st.just("valve-1"), workload_id=workload_ids, epoch=epochs,
               written_us=offsets),
     st.builds(bs.ActuatorMemoryRecord, node_id=node_ids,
-              entry=st.sampled_from(["attempt", "done"]), device=st.just("gate-1"),
+              entry=st.sampled_from(["attempt", "done", "cleared"]), device=st.just("gate-1"),
               workload_id=st.just("cam-1"), epoch=epochs, effect_id=st.just("cam-1/3/1@2"),
               request_effect_id=st.none() | st.just("cam-1/9/0@2"),
               written_us=offsets).map(
