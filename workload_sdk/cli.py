@@ -65,7 +65,9 @@ def _run(args: argparse.Namespace) -> int:
     workload = load_workload(args.module)
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
-                          check_module=not args.no_module_check, trim_every_s=args.trim_every)
+                          check_module=not args.no_module_check, trim_every_s=args.trim_every,
+                          force_placement=args.force, placement_wait_s=args.placement_wait_s,
+                          facts_max_age_s=args.facts_max_age_s)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -433,6 +435,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--trim-every", type=float, metavar="SECONDS",
                      help="also trim the log by the spec's audit horizon this often, as "
                      "`fx trim` does (default: never)")
+    run.add_argument("--force", action="store_true",
+                     help="claim even when no live node on sys.facts serves every kind and "
+                     "model the spec binds (what was missing is recorded in the claim)")
+    run.add_argument("--placement-wait-s", type=float, default=30.0, metavar="SECONDS",
+                     help="how long to wait for nodes that serve what the spec binds before "
+                     "giving up (exit 4; default 30; 0: do not wait)")
+    run.add_argument("--facts-max-age-s", type=float, default=300.0, metavar="SECONDS",
+                     help="facts older than this on sys.facts are not a live node (default 300)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 

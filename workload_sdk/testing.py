@@ -134,14 +134,19 @@ class WorkloadHarness:
         self.processes.append(proc)
         return proc
 
-    def start_holder(self, holder_id: str, *args: str,
-                     elect: bool = True) -> subprocess.Popen[bytes]:
+    def start_holder(self, holder_id: str, *args: str, elect: bool = True,
+                     force: bool = True) -> subprocess.Popen[bytes]:
         """Start a lease holder process for this workload (``fx workload run``): a candidate in
-        the holder election, or with ``elect=False`` one that claims the lease at once."""
+        the holder election, or with ``elect=False`` one that claims the lease at once.
+
+        ``force`` (the default) claims with ``--force`` whatever ``sys.facts`` says, since a
+        harness test usually plays the executor itself (:meth:`answer`): the claim records what
+        no live node served. ``force=False``: the holder checks placement (docs/actuation.md)."""
         return self._spawn([sys.executable, "-m", "workload_sdk", "workload", "run", self.module,
                             "--id", self.workload_id, "--holder-id", holder_id,
                             "--bootstrap", self.bootstrap, *args,
-                            *(() if elect else ("--no-elect",))], f"holder-{holder_id}")
+                            *(() if elect else ("--no-elect",)),
+                            *(("--force",) if force else ())], f"holder-{holder_id}")
 
     def start_executor(self, *args: str, name: str = "executor") -> subprocess.Popen[bytes]:
         """Start ``fx executor run ARGS...`` as a process (check :func:`executor_available`)."""

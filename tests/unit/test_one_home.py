@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker_schema", "executor", "workload_sdk", "fx_kafka", "fx_cli")
+PACKAGES = ("broker_schema", "executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli")
 SKIP_DIRS = {".venv", ".git", "build", "node_modules", "__pycache__", ".fx", ".pytest_cache",
              ".mypy_cache", ".ruff_cache", "shared"}
 
@@ -161,6 +161,7 @@ def _imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
 
 def test_layering() -> None:
     """broker_schema imports nothing of ours; executor and workload_sdk never import each other;
+    the actuator gateway may import the executor (never the reverse) and never workload_sdk;
     the integer engine imports no service (its cli, the service's front door, aside) and the wire
     contract only lazily."""
     problems = []
@@ -172,8 +173,13 @@ def test_layering() -> None:
                 problems.append(f"{rel}:{line}: broker_schema imports {module}")
             if top == "executor" and head == "workload_sdk":
                 problems.append(f"{rel}:{line}: executor imports {module}")
-            if top == "workload_sdk" and head == "executor":
+            if top == "workload_sdk" and head in ("executor", "actuator"):
                 problems.append(f"{rel}:{line}: workload_sdk imports {module}")
+            # the gateway reuses the executor's pieces; never the other way, never the SDK
+            if top == "executor" and head == "actuator":
+                problems.append(f"{rel}:{line}: executor imports {module}")
+            if top == "actuator" and head == "workload_sdk":
+                problems.append(f"{rel}:{line}: actuator imports {module}")
             top_level = any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line
                             for n in tree.body)
             if (rel.startswith("executor/integer/") and rel != "executor/integer/cli.py"
