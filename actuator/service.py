@@ -126,6 +126,8 @@ class GatewayService:
     async def start(self) -> None:
         """Connect, read the memory back, publish facts, start consuming."""
         cfg = self.config
+        # pymodbus logs every frame at DEBUG (fx -v); its warnings and errors still show
+        logging.getLogger("pymodbus").setLevel(max(logging.INFO, log.getEffectiveLevel()))
         await wait_ready(cfg.bootstrap, 30.0)
         await ensure_system_topics(cfg.bootstrap)
         await create_topics(cfg.bootstrap, [cfg.memory_topic], compacted=True)

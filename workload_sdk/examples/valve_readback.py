@@ -37,7 +37,9 @@ from workload_sdk import (
 
 VALVE_KIND = "acme:valve/set@1.0.0"
 VALVE = "valve-1"
-DEADLINE_MS = 5_000
+#: How long a command waits for a gateway to accept it (from its append time): long enough for
+#: a gateway restarted after a crash to take it (docs/actuation.md).
+DEADLINE_MS = 30_000
 
 
 class ValveReadBack(Workload):
@@ -76,10 +78,10 @@ class ValveReadBack(Workload):
                 return new, [emit({"valve": "not at the set-point, attempts used up",
                                    "want": waiting["want"], "shows": seen.value})]
             assert seen.request is not None and seen.remembered is not None
-            self._ask(new, event.seq, waiting["want"], seen.remembered)
-            return new, [emit({"valve": "reissue after read-back", "want": waiting["want"],
-                               "shows": seen.value, "original": waiting["original"]}),
-                         seen.request]
+            self._ask(new, event.seq, waiting["want"], seen.remembered)  # slot seq/0
+            return new, [seen.request,
+                         emit({"valve": "reissue after read-back", "want": waiting["want"],
+                               "shows": seen.value, "original": waiting["original"]})]
         asked = new["asked"].pop(f"{event.input_offset}/{event.index}", None)
         if asked is None:
             return new, []
