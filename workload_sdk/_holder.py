@@ -305,6 +305,9 @@ class LeaseHolder:
         # the broker must not delete what the spec's audit horizon keeps
         await check_workload_topics(cfg.bootstrap, cfg.workload_id,
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
+        # placement first, so the claims read below are as fresh as the claim written after
+        # them; a holder restarting in place after an outage is not checked again
+        forced = [] if rejoin is not None else await self._placement(self.spec)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
         if rejoin is not None:
             try:
@@ -321,7 +324,6 @@ class LeaseHolder:
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
                          self.epoch, spec_offset)
                 return
-        forced = await self._placement(self.spec)
         highest = max((c.epoch for c in claims), default=0)
         self.epoch = highest + 1
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,

@@ -108,11 +108,18 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--model takes NAME=sha256:HEX, got {item!r}")
         models[name] = value
+    guarantees = {}
+    for item in args.guarantee or []:
+        kind, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--guarantee takes KIND=GUARANTEE, got {item!r}")
+        guarantees[kind] = value
     spec = SpecRecord(
         workload_id=args.id,
         module_hash=module_hash(load_workload(args.module)),
         effect_kinds=tuple(args.kind or ()),
         models=models,
+        guarantees=guarantees,  # validated by the record
         outstanding_limit=args.outstanding_limit,
         deadline_default_ms=args.deadline_ms,
         executor_lease_ms=args.executor_lease_ms,
@@ -451,6 +458,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--module", required=True, help="MODULE:Class (its hash goes in the spec)")
     spec.add_argument("--kind", action="append", help="an effect kind to bind (repeatable)")
     spec.add_argument("--model", action="append", help="NAME=sha256:HEX (repeatable)")
+    spec.add_argument("--guarantee", action="append", metavar="KIND=GUARANTEE",
+                      help="the guarantee an actuation kind must be served with: idempotent, "
+                      "fenced or at-most-once (repeatable; docs/actuation.md)")
     spec.add_argument("--outstanding-limit", type=int, default=16)
     spec.add_argument("--deadline-ms", type=int, default=5_000)
     spec.add_argument("--executor-lease-ms", type=int, default=30_000)

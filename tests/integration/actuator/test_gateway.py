@@ -8,6 +8,7 @@ Requests here are written by hand (the test plays the lease holder), so each rul
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,14 +59,14 @@ def _answer(recs: list[object], effect_id: str) -> ResponseRecord:
 
 
 async def test_at_most_once_repeats_are_refused_across_a_restart(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, gateways: Callable[..., Gateway]) -> None:
     with SimulatedDevice(registers=8) as device:
         async with workload(kafka_bootstrap, "amo") as wl:
             wid = wl.workload_id
             await _setup(wl, "at-most-once")
             config = gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
                                     guarantee="at-most-once", telemetry=False)
-            gateway = Gateway(config, tmp_path)
+            gateway = gateways(config)
             gateway.start()
             first = _req(wid, 1, 40)
             repeat = _req(wid, 2, 40, reissue_of=first.effect_id)
@@ -105,15 +106,15 @@ async def test_at_most_once_repeats_are_refused_across_a_restart(
 
 
 async def test_a_fenced_device_refuses_a_lower_epoch_across_a_restart(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, gateways: Callable[..., Gateway]) -> None:
     """Epoch 2's command ran before any claim of epoch 2 was seen (so the claims alone cannot
     fence epoch 1): the device's own memory refuses epoch 1 from then on, after a restart too."""
     with SimulatedDevice(registers=8) as device:
         async with workload(kafka_bootstrap, "fenced") as wl:
             wid = wl.workload_id
             await _setup(wl, "fenced")
-            gateway = Gateway(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
-                                             guarantee="fenced", telemetry=False), tmp_path)
+            gateway = gateways(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
+                                             guarantee="fenced", telemetry=False))
             gateway.start()
             new = _req(wid, 5, 70, epoch=2)
             old = _req(wid, 4, 20, epoch=1)
@@ -163,7 +164,8 @@ async def test_a_holder_refuses_a_workload_nobody_serves(
 
 
 async def test_a_holder_claims_once_a_gateway_serves_the_kind(
-        kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
+        gateways: Callable[..., Gateway]) -> None:
     module = "workload_sdk.examples.valve_readback:ValveReadBack"
     wid = unique_workload_id
     kind = f"acme:valve-{wid[:8]}/set@1.0.0"
@@ -173,9 +175,9 @@ async def test_a_holder_claims_once_a_gateway_serves_the_kind(
             holder = h.start_holder("h1", elect=False, force=False)  # waits for placement
             await asyncio.sleep(2.0)
             assert h.epochs(await h.read_log()) == [] and holder.poll() is None
-            gateway = Gateway(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
+            gateway = gateways(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
                                              guarantee="idempotent", kind=kind,
-                                             telemetry=False), tmp_path)
+                                             telemetry=False))
             gateway.start()
             log = await h.wait_for(lambda lg: len(h.epochs(lg)) == 1, timeout=60,
                                    what="the claim")

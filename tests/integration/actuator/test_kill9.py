@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,8 @@ POINTS = ("before_accept", "after_accept", "after_attempt", "after_write", "afte
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("guarantee", ["at-most-once", "idempotent", "fenced"])
 async def test_gateway_killed_at_every_point(kafka_bootstrap: str, unique_workload_id: str,
-                                             tmp_path: Path, guarantee: str, point: str) -> None:
+                                             tmp_path: Path, gateways: Callable[..., Gateway],
+                                             guarantee: str, point: str) -> None:
     expect = _expect(guarantee, point)
     wid = unique_workload_id
     lease = SHORT_LEASE_MS if expect.seen == "unknown" else LONG_LEASE_MS
@@ -113,8 +115,8 @@ async def test_gateway_killed_at_every_point(kafka_bootstrap: str, unique_worklo
             kafka_bootstrap, wid, MODULE, effect_kinds=(VALVE_KIND,),
             guarantees={VALVE_KIND: guarantee}, executor_lease_ms=lease, log_dir=tmp_path,
         ) as h:
-            gateway = Gateway(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
-                                             guarantee=guarantee, crash_at=point), tmp_path)
+            gateway = gateways(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
+                                             guarantee=guarantee, crash_at=point))
             gateway.start()
             await gateway.wait_log("partitions assigned")
             holder = h.start_holder("h1", elect=False, force=False)  # placement is checked
@@ -174,7 +176,8 @@ async def test_gateway_killed_at_every_point(kafka_bootstrap: str, unique_worklo
 
 
 async def test_fx_alarms_lists_and_acknowledges(kafka_bootstrap: str, unique_workload_id: str,
-                                                tmp_path: Path) -> None:
+                                                tmp_path: Path,
+                                                gateways: Callable[..., Gateway]) -> None:
     """An at-most-once command lost after the device write: ``fx alarms`` shows it (exit 1),
     ``fx alarms ack`` acknowledges it, and it is no longer open."""
     wid = unique_workload_id
@@ -184,9 +187,9 @@ async def test_fx_alarms_lists_and_acknowledges(kafka_bootstrap: str, unique_wor
             guarantees={VALVE_KIND: "at-most-once"}, executor_lease_ms=SHORT_LEASE_MS,
             log_dir=tmp_path,
         ) as h:
-            gateway = Gateway(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
+            gateway = gateways(gateway_config(kafka_bootstrap, wid, tmp_path, device.port,
                                              guarantee="at-most-once", telemetry=False,
-                                             crash_at="after_write"), tmp_path)
+                                             crash_at="after_write"))
             gateway.start()
             await gateway.wait_log("partitions assigned")
             holder = h.start_holder("h1", elect=False, force=False)
