@@ -13,7 +13,9 @@ in this order:
 3. ``params_invalid``: the command is not an absolute set-point of a device the kind may set
    (:func:`command_of`);
 4. the guarantee's memory (:func:`memory_verdict`), judged again under the device's lock just
-   before the write, since another command may have changed it meanwhile:
+   before the write, since another command may have changed it meanwhile (and for the very
+   at-most-once request read again after a restart, judged *first*, before rule 1 and every
+   executor rule: a refusal such as ``deadline_passed`` would say nothing was done):
 
    - ``at-most-once``: the memory holds the request's original id (``reissue_of``, else its
      own). The same request read again after a restart: ``done`` is answered again from memory
@@ -215,6 +217,12 @@ MemoryVerdict = (tuple[Literal["run"]] | tuple[Literal["refuse"], ErrorCode, str
                  | tuple[Literal["leave"], str])
 
 
+def _in_doubt(request: EffectRequest) -> str:
+    return (f"{request.effect_id} was attempted before a restart and its outcome is not known: "
+            "at-most-once, so it is not written again (the holder writes unknown and an alarm "
+            "when its lease lapses)")
+
+
 def memory_verdict(memory: Memory, request: EffectRequest, command: Command,
                    guarantee: Guarantee) -> MemoryVerdict:
     """What the guarantee's memory says of ``request`` (see the module docstring, rule 4)."""
@@ -226,9 +234,7 @@ def memory_verdict(memory: Memory, request: EffectRequest, command: Command,
         if same and seen.entry == "done":
             return ("reanswer", seen)
         if same:
-            return ("leave", f"{request.effect_id} was attempted before a restart and its "
-                             "outcome is not known: at-most-once, so it is not written again "
-                             "(the holder writes unknown and an alarm when its lease lapses)")
+            return ("leave", _in_doubt(request))
         what = ("was done" if seen.entry == "done"
                 else "was attempted and its outcome is not known")
         return ("refuse", "duplicate_effect",
@@ -258,6 +264,15 @@ def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition
     served = state.kinds.get(kind)
     if served is None:
         return Ignore(f"kind {kind} is not served here")
+    if served.guarantee == "at-most-once" and request.effect_id not in state.base.in_flight:
+        seen = state.memory.attempts.get(request.original_id)
+        if seen is not None and seen.request_effect_id == request.effect_id:
+            # The very request, read again after a restart: what the memory knows comes before
+            # every other rule, since any refusal now (deadline_passed, stale_epoch...) would
+            # say that nothing was done, and the command may have acted.
+            if seen.entry == "done":
+                return Reanswer(remembered_response(state, request, offset, seen, now_us))
+            return Leave(_in_doubt(request))
     base = decide_request(state.base, request, topic=topic, partition=partition, offset=offset,
                           append_ms=append_ms, now_ms=now_ms, now_us=now_us,
                           model_status="absent" if request.model else "ready")

@@ -3,7 +3,8 @@
 :class:`WorkloadHarness` creates the workload's topics on a given broker, writes its spec, starts
 lease holders as real processes (``python -m workload_sdk workload run``), appends inputs, and
 reads the log back. :meth:`WorkloadHarness.start_executor` starts the project's executor as a
-process (``fx executor run ...``) when it is installed; :meth:`WorkloadHarness.answer` writes
+process (``fx executor run ...``) when it is installed, :meth:`WorkloadHarness.start_gateway` an
+actuator gateway (``fx actuator run ...``); :meth:`WorkloadHarness.answer` writes
 ``accepted`` and ``response`` records by hand, for tests that play the executor's part themselves
 (real records on a real broker, but no model ran: say so in the test's name).
 
@@ -151,6 +152,11 @@ class WorkloadHarness:
     def start_executor(self, *args: str, name: str = "executor") -> subprocess.Popen[bytes]:
         """Start ``fx executor run ARGS...`` as a process (check :func:`executor_available`)."""
         return self._spawn([*fx_command(), "executor", "run", *args], name)
+
+    def start_gateway(self, *args: str, name: str = "gateway") -> subprocess.Popen[bytes]:
+        """Start ``fx actuator run ARGS...`` (an actuator gateway, docs/actuation.md) as a
+        process; its output goes to ``<log_dir>/<name>.log``."""
+        return self._spawn([*fx_command(), "actuator", "run", *args], name)
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; return the exit code."""

@@ -220,3 +220,22 @@ def test_memory_verdict_is_what_decide_and_the_last_check_share() -> None:
     assert not isinstance(cmd, str)
     assert memory_verdict(memory, req, cmd, "at-most-once") == ("run",)
     assert memory_verdict(memory, req, cmd, "fenced") == ("run",)
+
+
+def test_a_request_in_doubt_is_never_refused_as_if_nothing_was_done() -> None:
+    """Read again after a restart, past its deadline and after a newer claim: the at-most-once
+    memory still decides (left to its lease, or answered from memory), never deadline_passed
+    or stale_epoch, which would say nothing was done."""
+    state = _state()
+    first = _req()
+    _attempt(state, first, "attempt")
+    state.base.observe_claim(ClaimRecord(workload_id=WL, epoch=3, holder_id="h2", spec_hash=H,
+                                         spec_offset=0))
+    assert isinstance(_decide(state, first, now_ms=99_000), Leave)
+    _attempt(state, first, "done")
+    answer = _decide(state, first, now_ms=99_000)
+    assert isinstance(answer, Reanswer) and answer.response.outcome == "ok"
+    # a reissue is refused by the ordinary rules first: it did nothing
+    late = _decide(state, _req(seq=7, epoch=3, reissue_of=first.effect_id), now_ms=99_000)
+    assert isinstance(late, Refuse) and late.response.error is not None
+    assert late.response.error.code == "deadline_passed"
