@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -97,8 +98,12 @@ async def wire_roundtrip(bootstrap: str) -> bool:
 def _fx(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     from workload_sdk.testing import fx_command
 
+    # this checkout's code first, as for the processes the harness starts (an ``fx`` script of
+    # another checkout's environment would otherwise import that checkout)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.run([*fx_command(), *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, check=False)
+                          env=env, timeout=timeout, check=False)
 
 
 def _files() -> dict[str, bytes]:

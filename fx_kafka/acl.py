@@ -15,8 +15,9 @@ executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an inpu
 holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
               describe their configs, delete records for ``fx trim``), its transactional id
               ``fx-holder.<id>`` and the election group ``fx-holder-elect.<id>``; reads
-              ``sys.facts`` (placement) and writes ``sys.alarms`` (the alarm of an at-most-once
-              ``unknown``, in its transaction). One holder principal per workload keeps
+              ``sys.facts`` (placement) and writes (and may create) ``sys.alarms`` (the alarm
+              of an at-most-once ``unknown``, in its transaction). One holder principal per
+              workload keeps
               workloads apart: the holder of one cannot read or write another's streams.
 producer      writes ``wl.<id>.in`` only.
 operator      reads and describes every topic (``*``); writes ``wl.<id>.spec`` and the shadow
@@ -161,8 +162,10 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # each node's receipt ledger (sys.ledger.<node>): read back on start, appended to
         out += _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C)
         out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
-        # an actuator gateway's memory (sys.actuator.<node>) and consumer groups
+        # an actuator gateway's memory (sys.actuator.<node>) and consumer groups; the system
+        # topics are made at start, sys.alarms among them (the executor never writes it)
         out += _grant(ex, T, topics.ACTUATOR_PREFIX, PRE, R, W, D, C)
+        out += _grant(ex, T, topics.ALARMS, LIT, D, C)
         out += _grant(ex, G, f"{roles.actuator_group_prefix}.", PRE, R, D)
     if roles.operator:
         op = _user(roles.operator)
@@ -173,7 +176,7 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(op, T, topics.ALARMS, LIT, W)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
-        out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D)
+        out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
     for wid in dict.fromkeys(workloads):
         topics.check_workload_id(wid)
         if roles.executor:

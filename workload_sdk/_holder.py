@@ -75,7 +75,11 @@ from broker_schema import (
 from broker_schema.binding import switch_problem
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
-from fx_kafka.workload import check_workload_topics, ensure_workload_topics
+from fx_kafka.workload import (
+    check_workload_topics,
+    ensure_alarms_topic,
+    ensure_workload_topics,
+)
 from workload_sdk._api import Workload, module_hash
 from workload_sdk._core import (
     Core,
@@ -284,7 +288,8 @@ class LeaseHolder:
         self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
 
     # -- start-up ------------------------------------------------------------------------------
-    async def _claim(self, rejoin: int | None = None) -> None:
+    async def _latest_spec(self) -> tuple[int, SpecRecord]:
+        """The latest spec on ``.spec`` and its offset; :class:`NoSpec` when there is none."""
         cfg = self.config
         spec_view = await read_topic(cfg.bootstrap, topics.spec(cfg.workload_id))
         spec: tuple[int, SpecRecord] | None = None
@@ -297,7 +302,13 @@ class LeaseHolder:
                 spec = (rec.offset, record)
         if spec is None:
             raise NoSpec(f"no spec on {spec_view.topic}")
-        spec_offset, self.spec = spec
+        return spec
+
+    async def _claim(self, rejoin: int | None = None, forced: list[str] | None = None) -> None:
+        """Claim the next epoch (or keep ``rejoin``); ``forced``: what placement found missing
+        when claiming with ``force_placement`` (recorded in the claim)."""
+        cfg = self.config
+        spec_offset, self.spec = await self._latest_spec()
         self._spec_offset = spec_offset
         if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
             raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
@@ -305,9 +316,6 @@ class LeaseHolder:
         # the broker must not delete what the spec's audit horizon keeps
         await check_workload_topics(cfg.bootstrap, cfg.workload_id,
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
-        # placement first, so the claims read below are as fresh as the claim written after
-        # them; a holder restarting in place after an outage is not checked again
-        forced = [] if rejoin is not None else await self._placement(self.spec)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
         if rejoin is not None:
             try:
@@ -328,7 +336,7 @@ class LeaseHolder:
         self.epoch = highest + 1
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
-                            forced=tuple(forced))
+                            forced=tuple(forced or ()))
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
@@ -510,6 +518,12 @@ class LeaseHolder:
     async def _run_once(self, stop: asyncio.Event, rejoin: int | None, *, fenced: bool) -> None:
         cfg = self.config
         await ensure_workload_topics(cfg.bootstrap, cfg.workload_id)
+        await ensure_alarms_topic(cfg.bootstrap)
+        # placement before the transactional producer starts: its InitProducerId fences the
+        # holder running now, which must not happen for a claim that will not be made. A
+        # holder restarting in place after an outage is not checked again.
+        forced = None if rejoin is not None else await self._placement(
+            (await self._latest_spec())[1])
         if rejoin is not None:
             # before a new producer fences whoever holds the transactional id now: a holder that
             # claimed after this one is the rightful one
@@ -521,7 +535,7 @@ class LeaseHolder:
         consumer = None
         trimmer: asyncio.Task[None] | None = None
         try:
-            await self._claim(rejoin)
+            await self._claim(rejoin, forced)
             await self._resume()
             assert self.core is not None and self.spec is not None
             consumer = make_consumer(cfg.bootstrap)
