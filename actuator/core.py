@@ -73,9 +73,9 @@ __all__ = ["Command", "Execute", "GatewayDecision", "GatewayState", "Leave", "Me
 COMMAND_PARAMS = frozenset({"device", "set_point"})
 
 
-def _pymodbus_version() -> str:
+def _version(distribution: str) -> str:
     try:
-        return importlib.metadata.version("pymodbus")
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
 
@@ -131,19 +131,13 @@ class GatewayState:
         self.base = ExecutorState(
             node_id=config.node_id, kinds=config.queue_limits,
             engine_info=ExecutorInfo(node_id=config.node_id, engine="fx-actuator",
-                                     engine_version=_gateway_version(), device_class="modbus"))
+                                     engine_version=_version("ninelives-fx"),
+                                     device_class="modbus"))
         #: what a response of a command that reached a device names as its executor
         self.device_info = ExecutorInfo(node_id=config.node_id, engine="pymodbus",
-                                        engine_version=_pymodbus_version(),
+                                        engine_version=_version("pymodbus"),
                                         device_class="modbus-tcp")
         self.memory = Memory()
-
-
-def _gateway_version() -> str:
-    try:
-        return importlib.metadata.version("ninelives-fx")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass(frozen=True)
