@@ -139,7 +139,8 @@ async def effect_roundtrip(bootstrap: str, n: int) -> tuple[list[float], str]:
         INFERENCE_KIND,), models={"m": MODEL}, snapshot_every=10_000)
     await producer.send_and_wait(topics.spec(wid), encode(spec), partition=0)
     holder = LeaseHolder(Ping(), HolderConfig(bootstrap=bootstrap, workload_id=wid,
-                                              holder_id="bench", poll_ms=50))
+                                              holder_id="bench", poll_ms=50,
+                                              force_placement=True))
     stop = asyncio.Event()
     holder_task = asyncio.create_task(holder.run(stop))
     out_c = make_consumer(bootstrap)

@@ -47,6 +47,14 @@ INFERENCE_KIND = "ninelives:inference/run@0.1.0"
 
 Outcome = Literal["ok", "error", "timeout", "unknown", "backpressure"]
 
+#: What repeating an actuation command can do, declared per effect kind by a spec
+#: (``SpecRecord.guarantees``) and by the node that serves it (``KindServed.guarantee``);
+#: docs/actuation.md. ``idempotent``: repeating it is harmless (an absolute set-point);
+#: ``fenced``: the gateway remembers the highest epoch per device and workload and refuses lower
+#: ones; ``at-most-once``: the gateway remembers the effect ids it attempted and refuses a repeat,
+#: and an ``unknown`` outcome raises an alarm on ``sys.alarms`` instead of anything that retries.
+Guarantee = Literal["idempotent", "fenced", "at-most-once"]
+
 #: Closed set of error codes carried by ``error`` outcomes.
 ErrorCode = Literal[
     "model_unknown",  # the executor holds no model with that hash
@@ -66,6 +74,11 @@ ErrorCode = Literal[
     "engine_error",  # the engine failed while running
     "output_too_large",  # the output could not be stored inline or as a chunk
     "shutdown",  # the executor was stopping and abandoned the request explicitly
+    "guarantee_mismatch",  # the spec declares another guarantee for the kind than served here
+    "duplicate_effect",  # an at-most-once command (or a reissue of it) was already attempted
+    "device_unreachable",  # the device could not be reached; nothing was written to it
+    "device_refused",  # the device answered the write with an exception; nothing changed
+    "readback_mismatch",  # the device took the write but reads back another value
     "internal",  # a bug; the message says more
 ]
 
@@ -88,6 +101,11 @@ ERROR_RETRIABLE: dict[str, bool] = {
     "engine_error": True,
     "output_too_large": False,
     "shutdown": True,
+    "guarantee_mismatch": False,
+    "duplicate_effect": False,
+    "device_unreachable": True,
+    "device_refused": False,
+    "readback_mismatch": False,
     "internal": True,
 }
 
@@ -301,10 +319,15 @@ class Signature(_Model):
 
 
 class KindServed(_Model):
-    """An effect kind (with its version) an executor serves, and its queue limit."""
+    """An effect kind (with its version) an executor serves, and its queue limit.
+
+    ``guarantee``: what repeating one of its commands can do, for an actuation kind served by a
+    gateway (None for inference and other kinds without side effects). Left out of the
+    canonical bytes when None, so facts written before the field existed keep their bytes."""
 
     kind: EffectKind
     queue_limit: Annotated[int, Field(ge=1)]
+    guarantee: Guarantee | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # --------------------------------------------------------------------------------------- records
@@ -359,12 +382,22 @@ class SpecRecord(_Model):
     #: every node fails at the same input (``local_limit``). Left out when local_models is.
     local_max_tokens_per_step: Annotated[int, Field(ge=1, le=100_000)] = Field(
         default=64, exclude_if=lambda v: v == 64)
+    #: The guarantee each actuation kind it binds must be served with (:data:`Guarantee`,
+    #: docs/actuation.md): a gateway refuses a request whose kind it serves with another
+    #: (``guarantee_mismatch``), placement looks for a node that serves it so, and the lease
+    #: holder raises an alarm when an ``at-most-once`` request ends ``unknown``. Optional and
+    #: left out of the canonical bytes when empty, like ``input_topics``.
+    guarantees: dict[EffectKind, Guarantee] = Field(default_factory=dict,
+                                                    exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
         offsets = [s.at_input_offset for s in self.binding_switches]
         if offsets != sorted(set(offsets)):
             raise ValueError("binding_switches must have strictly increasing at_input_offset")
+        unbound = sorted(set(self.guarantees) - set(self.effect_kinds))
+        if unbound:
+            raise ValueError(f"guarantees names kinds the spec does not bind: {unbound}")
         return self
 
     def models_at(self, input_offset: int) -> dict[str, Hash]:
@@ -392,6 +425,12 @@ class ClaimRecord(_Model):
     #: ``from_seq`` on (:mod:`broker_schema.binding`). Left out of the canonical bytes when
     #: None, so claims written before the field existed keep their bytes and hash.
     from_seq: Offset | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Set when the holder claimed with ``--force`` although no live node on ``sys.facts``
+    #: served everything the spec binds: what was missing (``kind <kind>``, ``model <hash>``,
+    #: ``kind <kind> as <guarantee>``), for the record. Left out of the canonical bytes when
+    #: empty.
+    forced: tuple[Annotated[str, Field(max_length=300)], ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=256)
 
 
 class OutputRecord(_Model):
@@ -419,11 +458,33 @@ class EffectRequest(_Model):
     params: dict[str, JsonValue] = Field(default_factory=dict)
     input: Body | None = None
     deadline_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
+    #: A reissue after ``unknown``: the effect id of the *original* request (the first of the
+    #: chain, never a reissue's own id). The reissue is an effect of its own (its own slot, id
+    #: and answer); a deduplicating gateway keys its memory on ``reissue_of`` so it can tell the
+    #: command is the same one (docs/actuation.md). Left out of the canonical bytes when None.
+    reissue_of: str | None = Field(default=None, exclude_if=lambda v: v is None,
+                                   max_length=512)
+
+    @model_validator(mode="after")
+    def _check_reissue(self) -> Self:
+        if self.reissue_of is not None:
+            original = parse_effect_id(self.reissue_of)  # ValueError: invalid_record
+            if (original.workload_id != self.header.workload_id
+                    or original.shadow != self.header.shadow
+                    or original.slot >= self.header.slot):
+                raise ValueError(f"reissue_of {self.reissue_of} is not an earlier effect of "
+                                 f"the same workload as {self.header.effect_id}")
+        return self
 
     @property
     def effect_id(self) -> str:
         """The request's effect id (from its header)."""
         return self.header.effect_id
+
+    @property
+    def original_id(self) -> str:
+        """The effect id a deduplicating gateway remembers: ``reissue_of``, else its own."""
+        return self.reissue_of or self.header.effect_id
 
 
 class AcceptedRecord(_Model):
@@ -692,6 +753,94 @@ class RejectedRecord(_Model):
     seen_by: NodeId
 
 
+class AlarmRecord(_Model):
+    """An alarm for a person, on ``sys.alarms``: an ``at-most-once`` actuation ended ``unknown``.
+
+    Written by the lease holder in the same transaction as the ``unknown`` response it judged
+    (so there is exactly one alarm per such outcome, and never one without it); never retried,
+    never read by a fold. ``fx alarms`` lists the alarms no ``alarm_ack`` has acknowledged
+    (docs/actuation.md). ``alarm_id`` is the effect id: one alarm per effect."""
+
+    kind: Literal["alarm"] = "alarm"
+    v: Literal[1] = SCHEMA_VERSION
+    alarm_id: str
+    workload_id: WorkloadId
+    header: EffectHeader
+    effect_kind: EffectKind
+    guarantee: Guarantee
+    #: offset of the request on ``wl.<id>.out``
+    request_offset: Offset
+    #: the original effect id when the request was a reissue (``EffectRequest.reissue_of``)
+    reissue_of: str | None = None
+    #: the node whose ``accepted`` was the last one before the lease lapsed, if known
+    accepted_by: NodeId | None = None
+    reason: Annotated[str, Field(max_length=4096)]
+    raised_by: NodeId
+    #: the holder's clock, for people only
+    raised_us: Micros
+
+    @model_validator(mode="after")
+    def _check_alarm_id(self) -> Self:
+        if self.alarm_id != self.header.effect_id:
+            raise _effect_id_mismatch(self.alarm_id, self.header)
+        return self
+
+
+class AlarmAckRecord(_Model):
+    """An operator's acknowledgement of an alarm (``fx alarms ack``), on ``sys.alarms``."""
+
+    kind: Literal["alarm_ack"] = "alarm_ack"
+    v: Literal[1] = SCHEMA_VERSION
+    alarm_id: str
+    acked_by: NodeId
+    note: Annotated[str, Field(max_length=4096)] = ""
+    acked_us: Micros
+
+
+class ActuatorMemoryRecord(_Model):
+    """What an actuator gateway remembers, on its own compacted ``sys.actuator.<node id>``.
+
+    ``entry``: ``attempt`` (an ``at-most-once`` command about to be written to the device, keyed
+    by its original effect id: written and acknowledged *before* the device write, so a
+    restarted gateway never writes it twice), ``done`` (the same command, written and read back:
+    ``output`` is what its response said), ``cleared`` (the same command ended without reaching
+    the device, unreachable or refused by it: a later request with that id is no repeat),
+    ``epoch`` (a ``fenced`` device's highest epoch for one workload, keyed by device and
+    workload). The key of each record is :meth:`key`, so
+    compaction keeps the latest per key; the gateway reads the topic back on start."""
+
+    kind: Literal["actuator_memory"] = "actuator_memory"
+    v: Literal[1] = SCHEMA_VERSION
+    node_id: NodeId
+    entry: Literal["attempt", "done", "cleared", "epoch"]
+    device: Annotated[str, Field(min_length=1, max_length=200)]
+    workload_id: WorkloadId
+    epoch: Epoch
+    #: the original effect id (``EffectRequest.original_id``); None for an ``epoch`` entry
+    effect_id: str | None = None
+    #: the request that carried it (its own id: the original's or a reissue's)
+    request_effect_id: str | None = None
+    output: InlineBody | None = None
+    written_us: Micros
+
+    @model_validator(mode="after")
+    def _check_entry(self) -> Self:
+        if (self.entry == "epoch") != (self.effect_id is None):
+            raise ValueError("effect_id is required exactly when entry is not 'epoch'")
+        if self.entry != "done" and self.output is not None:
+            raise ValueError("only a 'done' entry carries output")
+        for value in (self.effect_id, self.request_effect_id):
+            if value is not None:
+                parse_effect_id(value)
+        return self
+
+    def key(self) -> str:
+        """The compaction key: ``effect/<original id>`` or ``epoch/<device>/<workload>``."""
+        if self.entry == "epoch":
+            return f"epoch/{self.device}/{self.workload_id}"
+        return f"effect/{self.effect_id}"
+
+
 Record = Annotated[
     InputRecord
     | SpecRecord
@@ -708,7 +857,10 @@ Record = Annotated[
     | KeyCertRecord
     | KeyRevokeRecord
     | ShadowEvalRecord
-    | ShadowReportRecord,
+    | ShadowReportRecord
+    | AlarmRecord
+    | AlarmAckRecord
+    | ActuatorMemoryRecord,
     Field(discriminator="kind"),
 ]
 
@@ -729,6 +881,9 @@ RECORD_TYPES: dict[str, type[BaseModel]] = {
     "key_revoke": KeyRevokeRecord,
     "shadow_eval": ShadowEvalRecord,
     "shadow_report": ShadowReportRecord,
+    "alarm": AlarmRecord,
+    "alarm_ack": AlarmAckRecord,
+    "actuator_memory": ActuatorMemoryRecord,
 }
 
 #: Schema versions each kind's decoder understands.

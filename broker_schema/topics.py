@@ -14,6 +14,10 @@ REJECTS = "sys.rejects"
 CHUNKS = "sys.chunks"
 #: Node key certificates and revocations signed by a fleet key (never compacted: the history).
 KEYS = "sys.keys"
+#: Alarms for people (``alarm``, ``alarm_ack``): an at-most-once actuation that ended ``unknown``.
+ALARMS = "sys.alarms"
+#: Prefix of each actuator gateway's memory (``sys.actuator.<node id>``, compacted).
+ACTUATOR_PREFIX = "sys.actuator."
 #: Prefix of the per-node receipt ledgers (``sys.ledger.<node id>``, never compacted).
 LEDGER_PREFIX = "sys.ledger."
 #: Characters Kafka allows in a topic name (and so in a node id that has a ledger).
@@ -164,6 +168,17 @@ def ledger(node_id: str) -> str:
     return name
 
 
+def actuator_memory(node_id: str) -> str:
+    """``sys.actuator.<node id>``: what the actuator gateway ``node_id`` remembers (effect ids it
+    attempted, highest epochs per device), compacted. ``ValueError`` for a node id Kafka cannot
+    name a topic after."""
+    name = ACTUATOR_PREFIX + node_id
+    if not _TOPIC_CHARS_RE.fullmatch(node_id) or len(name) > _MAX_TOPIC_LEN:
+        raise ValueError(f"node id {node_id!r} cannot name a memory topic: letters, digits, "
+                         f"'.', '_' and '-', at most {_MAX_TOPIC_LEN - len(ACTUATOR_PREFIX)}")
+    return name
+
+
 def all_topics(workload_id: str) -> list[str]:
     """Every per-workload topic, in the order of :data:`STREAMS`."""
     return [_topic(workload_id, s) for s in STREAMS]
@@ -189,6 +204,7 @@ SYSTEM_KINDS: dict[str, frozenset[str]] = {
     FACTS: frozenset({"facts"}),
     REJECTS: frozenset({"rejected"}),
     KEYS: frozenset({"key_cert", "key_revoke"}),
+    ALARMS: frozenset({"alarm", "alarm_ack"}),
 }
 
 
@@ -196,6 +212,8 @@ def kinds_on(topic: str) -> frozenset[str] | None:
     """The record kinds that belong on ``topic``; None when the topic is not one of ours."""
     if topic in SYSTEM_KINDS:
         return SYSTEM_KINDS[topic]
+    if topic.startswith(ACTUATOR_PREFIX):
+        return frozenset({"actuator_memory"})
     try:
         return STREAM_KINDS[parse(topic)[1]]
     except ValueError:

@@ -14,9 +14,16 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
@@ -26,9 +33,13 @@ from fx_kafka.security import ClientSecurity, SecurityConfigError
 SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file",
                  "ca_file", "ssl_check_hostname")
 
-__all__ = ["ENV_PREFIX", "ConfigError", "ExecutorConfig", "default_data_dir", "load_config"]
+__all__ = ["ENV_PREFIX", "ConfigError", "ExecutorConfig", "check_security_keys",
+           "default_data_dir", "load_config", "load_settings", "security_of"]
 
 ENV_PREFIX = "FX_EXECUTOR_"
+
+
+_Settings = TypeVar("_Settings", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -101,6 +112,11 @@ class ExecutorConfig(BaseModel):
     device: Literal["auto", "cpu"] = "auto"
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
+    #: Kinds served without a model: effect kind -> ``module:factory`` of a
+    #: :class:`executor.engines.KindHandler`. Each must be one of ``kinds``; its requests name
+    #: no model (one that does is ``model_unknown``) and are admitted by the same rules as
+    #: inference (docs/executor.md, "Kinds without a model").
+    handlers: dict[EffectKind, str] = Field(default_factory=dict)
     #: The integer engine's backend: ``auto`` (``cupy`` on a CUDA device unless ``device`` is
     #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``cpu-kernel`` (the
     #: CUDA sources built with g++) or ``cupy``. Every backend is byte-identical to the oracle.
@@ -124,6 +140,13 @@ class ExecutorConfig(BaseModel):
     #: ``sasl_username``, ``sasl_password_file``, ``ca_file``, ``ssl_check_hostname``. A
     #: password is named by file only (the config is printed). Empty: the environment decides.
     kafka_security: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _handlers_served(self) -> ExecutorConfig:
+        unserved = sorted(set(self.handlers) - set(self.kinds))
+        if unserved:
+            raise ValueError(f"handlers names kinds that are not in kinds: {unserved}")
+        return self
 
     @field_validator("topic_pattern")
     @classmethod
@@ -163,32 +186,45 @@ class ExecutorConfig(BaseModel):
     @field_validator("kafka_security")
     @classmethod
     def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(value) - set(SECURITY_KEYS))
-        if unknown:
-            raise ValueError(f"unknown keys {unknown}; allowed: {', '.join(SECURITY_KEYS)} "
-                             "(a password is given by sasl_password_file)")
-        return value
+        return check_security_keys(value)
 
     def client_security(self) -> ClientSecurity | None:
         """The broker security of ``kafka_security`` (None when it is empty: the ``FX_KAFKA_*``
         environment applies). Raises :class:`ConfigError` for settings that do not fit."""
-        if not self.kafka_security:
-            return None
-        env = {f"FX_KAFKA_{key.upper()}": value for key, value in self.kafka_security.items()}
-        try:
-            return ClientSecurity.from_env(env)
-        except (SecurityConfigError, ValueError) as exc:
-            raise ConfigError(f"kafka_security: {exc}") from exc
+        return security_of(self.kafka_security)
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    fields = ExecutorConfig.model_fields
+
+def check_security_keys(value: dict[str, str]) -> dict[str, str]:
+    """``value`` if its keys are :data:`SECURITY_KEYS` (a ``kafka_security`` table), else
+    ``ValueError``."""
+    unknown = sorted(set(value) - set(SECURITY_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}; allowed: {', '.join(SECURITY_KEYS)} "
+                         "(a password is given by sasl_password_file)")
+    return value
+
+
+def security_of(kafka_security: Mapping[str, str]) -> ClientSecurity | None:
+    """The broker security a ``kafka_security`` table names (None when it is empty: the
+    ``FX_KAFKA_*`` environment applies). Raises :class:`ConfigError`."""
+    if not kafka_security:
+        return None
+    env = {f"FX_KAFKA_{key.upper()}": value for key, value in kafka_security.items()}
+    try:
+        return ClientSecurity.from_env(env)
+    except (SecurityConfigError, ValueError) as exc:
+        raise ConfigError(f"kafka_security: {exc}") from exc
+
+
+def _env_overrides(environ: Mapping[str, str], fields: Mapping[str, Any], prefix: str,
+                   what: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(prefix):
             continue
-        name = key[len(ENV_PREFIX) :].lower()
+        name = key[len(prefix) :].lower()
         if name not in fields:
-            raise ConfigError(f"{key}: no such executor setting (known: {', '.join(fields)})")
+            raise ConfigError(f"{key}: no such {what} setting (known: {', '.join(fields)})")
         value: Any = raw
         stripped = raw.strip()
         if stripped[:1] in ("{", "[") or (name == "http_port" and stripped == "null"):
@@ -200,14 +236,19 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def load_config(
-    path: str | Path | None = None,
+def load_settings(
+    cls: type[_Settings],
+    path: str | Path | None,
     *,
-    environ: Mapping[str, str] | None = None,
-    **overrides: Any,
-) -> ExecutorConfig:
-    """Build the config from ``path`` (``.toml`` or ``.json``), then ``FX_EXECUTOR_*`` variables
-    of ``environ`` (default ``os.environ``), then ``overrides``. Raises :class:`ConfigError`."""
+    table: str,
+    prefix: str,
+    environ: Mapping[str, str] | None,
+    overrides: Mapping[str, Any],
+) -> _Settings:
+    """A service config of type ``cls``: its defaults, then ``path`` (``.toml``, whose settings
+    may sit under a ``[table]``, or ``.json``), then ``<prefix><FIELD>`` variables of ``environ``
+    (default ``os.environ``; dict and list fields as JSON), then ``overrides``. Raises
+    :class:`ConfigError`. One loader for the executor and the actuator gateway."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -221,10 +262,23 @@ def load_config(
             raise ConfigError(f"{p}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a table/object")
-        data.update(loaded.get("executor", loaded))
-    data.update(_env_overrides(os.environ if environ is None else environ))
+        data.update(loaded.get(table, loaded))
+    data.update(_env_overrides(os.environ if environ is None else environ, cls.model_fields,
+                               prefix, table))
     data.update(overrides)
     try:
-        return ExecutorConfig.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> ExecutorConfig:
+    """Build the config from ``path`` (``.toml`` or ``.json``), then ``FX_EXECUTOR_*`` variables
+    of ``environ`` (default ``os.environ``), then ``overrides``. Raises :class:`ConfigError`."""
+    return load_settings(ExecutorConfig, path, table="executor", prefix=ENV_PREFIX,
+                         environ=environ, overrides=overrides)

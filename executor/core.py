@@ -76,6 +76,7 @@ __all__ = [
     "error_response",
     "input_problem",
     "ok_response",
+    "refusal",
     "renewal_due",
     "renewed",
 ]
@@ -240,7 +241,7 @@ class ExecutorState:
         return jobs
 
 
-def _refusal(
+def refusal(
     state: ExecutorState,
     request: EffectRequest,
     request_offset: int,
@@ -249,6 +250,8 @@ def _refusal(
     code: ErrorCode | None,
     message: str = "",
 ) -> Refuse:
+    """A refusal of ``request`` (read at ``request_offset``): an unsigned ``error`` response
+    with ``code``, or ``backpressure`` when ``code`` is None. No ``accepted`` precedes it."""
     return Refuse(
         ResponseRecord(
             effect_id=request.effect_id,
@@ -289,7 +292,7 @@ def decide(
         return Ignore("already in flight here")
 
     def refuse(code: ErrorCode, message: str) -> Refuse:
-        return _refusal(state, request, offset, now_us, code=code, message=message)
+        return refusal(state, request, offset, now_us, code=code, message=message)
 
     header = request.header
     view = state.workload(header.workload_id)
@@ -333,7 +336,7 @@ def decide(
         return refuse("model_hash_mismatch", f"stored file for {request.model} fails its hash")
     limit = state.queue_limits[kind]
     if state.queue_depth(kind) >= limit:
-        return _refusal(state, request, offset, now_us, code=None)
+        return refusal(state, request, offset, now_us, code=None)
     job = InFlight(
         effect_id=request.effect_id,
         request=request,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from broker_schema.records import FactsRecord, KindServed
+from broker_schema.records import FactsRecord, Guarantee, KindServed
 
 __all__ = ["build_facts", "facts_changed"]
 
@@ -20,12 +20,16 @@ def build_facts(
     public_key_b64: str,
     key_id: str,
     now_us: int,
+    guarantees: Mapping[str, Guarantee] | None = None,
 ) -> FactsRecord:
-    """The facts record for this node (pure: the time is passed in)."""
+    """The facts record for this node (pure: the time is passed in). ``guarantees``: the
+    guarantee each actuation kind is served with (an actuator gateway's)."""
+    served = guarantees or {}
     return FactsRecord(
         node_id=node_id,
         kinds=tuple(
-            KindServed(kind=k, queue_limit=v) for k, v in sorted(queue_limits.items())
+            KindServed(kind=k, queue_limit=v, guarantee=served.get(k))
+            for k, v in sorted(queue_limits.items())
         ),
         models_present=tuple(sorted(set(models_present))),
         models_loaded=tuple(sorted(set(models_loaded))),

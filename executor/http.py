@@ -7,12 +7,14 @@ broker answers a metadata request and every preloaded model is loaded, else 503 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Generator
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
-__all__ = ["HealthView", "create_app"]
+__all__ = ["HealthView", "UvicornServer", "create_app"]
 
 
 class HealthView(Protocol):
@@ -35,9 +37,9 @@ class HealthView(Protocol):
         ...
 
 
-def create_app(view: HealthView) -> FastAPI:
-    """The FastAPI app over ``view``."""
-    app = FastAPI(title="ninelives-fx executor", docs_url=None, redoc_url=None)
+def create_app(view: HealthView, *, title: str = "ninelives-fx executor") -> FastAPI:
+    """The FastAPI app over ``view`` (the executor's, or the actuator gateway's)."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -61,3 +63,29 @@ def create_app(view: HealthView) -> FastAPI:
         return Response(view.metrics_text(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+class UvicornServer:
+    """uvicorn's server without its signal handlers (the service owns SIGTERM), served inside
+    the service's event loop: ``asyncio.create_task(server.server.serve())``."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Generator[None, None, None]:
+                yield
+
+        self.server = Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        )
+
+    @property
+    def port(self) -> int | None:
+        """The bound port, once serving."""
+        servers = getattr(self.server, "servers", None)
+        if not servers:
+            return None
+        port: int = servers[0].sockets[0].getsockname()[1]
+        return port

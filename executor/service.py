@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +77,6 @@ from broker_schema.records import (
     AcceptedRecord,
     Body,
     ChunkRef,
-    ClaimRecord,
     EffectRequest,
     ExecutorInfo,
     InlineBody,
@@ -85,9 +84,6 @@ from broker_schema.records import (
     RejectCode,
     RejectedRecord,
     ResponseRecord,
-    ShadowEvalRecord,
-    ShadowReportRecord,
-    SpecRecord,
     StreamRef,
 )
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
@@ -108,13 +104,22 @@ from executor.core import (
     renewal_due,
     renewed,
 )
-from executor.engines import BUILTIN_ENGINES, Engine, EngineOptions, EngineResult, build_engine
+from executor.engines import (
+    BUILTIN_ENGINES,
+    Engine,
+    EngineOptions,
+    EngineResult,
+    KindHandler,
+    build_engine,
+    build_handler,
+)
 from executor.errors import EngineError, ModelError, OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
 from executor.ledger import LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
+from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import (
     MIRROR_OFFSET_HEADER,
     make_consumer,
@@ -192,30 +197,6 @@ class _Scheduler:
         return jobs
 
 
-class _Uvicorn:
-    """uvicorn's server without its signal handlers (the service owns SIGTERM)."""
-
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Generator[None, None, None]:
-                yield
-
-        self.server = Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        )
-
-    @property
-    def port(self) -> int | None:
-        servers = getattr(self.server, "servers", None)
-        if not servers:
-            return None
-        port: int = servers[0].sockets[0].getsockname()[1]
-        return port
-
-
 class ExecutorService:
     """One executor node. ``await run()`` until :meth:`request_stop` (or SIGTERM in the CLI)."""
 
@@ -246,6 +227,10 @@ class ExecutorService:
             self._engines["onnxruntime"] = build_engine(
                 self._engine_targets["onnxruntime"], self._engine_options
             )
+        #: kinds served without a model (``handlers``): their jobs queue under _HANDLER_KEY+kind
+        self._handlers: dict[str, KindHandler] = {
+            kind: build_handler(target, self._engine_options)
+            for kind, target in config.handlers.items()}
         device = "cuda" if any(e.device_class == "cuda" for e in self._engines.values()) else "cpu"
         self.state = ExecutorState(
             node_id=config.node_id,
@@ -266,8 +251,7 @@ class ExecutorService:
         self._renew_lock = asyncio.Lock()
         self._retired: set[asyncio.Task[Any]] = set()
         self._side: AIOKafkaConsumer | None = None
-        self._side_lock = asyncio.Lock()
-        self._watched: dict[str, list[TopicPartition]] = {}
+        self._sync: ClaimsSpecReader | None = None
         # Referenced inputs are read apart from the workers, at most ``input_fetchers`` at once
         # (one idle stream consumer each, made on first use): see ``_fetch_input``.
         self._fetch_slots = asyncio.Semaphore(config.input_fetchers)
@@ -296,7 +280,7 @@ class ExecutorService:
         self._stopping = False
         self._fatal: BaseException | None = None
         self._facts: Any = None
-        self._http: _Uvicorn | None = None
+        self._http: Any = None  # executor.http.UvicornServer, imported with HTTP only
         self._started = False
         self._reject_kind = sorted(config.kinds)[0]
         #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
@@ -323,6 +307,9 @@ class ExecutorService:
             self.chunks = kstore
         self._side = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
         await self._side.start()
+        self._sync = ClaimsSpecReader(
+            self.state, self._side, self._probe,
+            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc())
         preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
         for model_hash in preload:
             try:
@@ -353,9 +340,9 @@ class ExecutorService:
             self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
         self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:
-            from executor.http import create_app
+            from executor.http import UvicornServer, create_app
 
-            self._http = _Uvicorn(create_app(self), cfg.http_host, cfg.http_port)
+            self._http = UvicornServer(create_app(self), cfg.http_host, cfg.http_port)
             self._http_task = asyncio.create_task(self._http.server.serve())
             for _ in range(100):
                 if self._http.server.started:
@@ -613,6 +600,15 @@ class ExecutorService:
             raise err from exc
         return engine, manifest
 
+    async def _request_status(self, kind: str, record: EffectRequest) -> ModelStatus:
+        """What :func:`executor.core.decide` is told of the request's model: the store's answer
+        for the hash it names; ``ready`` for a kind served without a model (``handlers``) that
+        names none, ``absent`` for one that names a model anyway (and for any other kind that
+        names none: inference needs one)."""
+        if kind in self._handlers:
+            return "absent" if record.model else "ready"
+        return await self._model_status(record.model) if record.model else "absent"
+
     async def _model_status(self, model_hash: str | None) -> ModelStatus:
         if model_hash is None:
             return "absent"
@@ -823,7 +819,7 @@ class ExecutorService:
             await self._sync_workload(workload_id, shadow=shadow)
             synced.add(sync_key)
         await self._wait_for_room(kind, record)
-        status = await self._model_status(record.model) if record.model else "absent"
+        status = await self._request_status(kind, record)
         now_ns = time.time_ns()
         self.metrics.read_lag_seconds.labels(kind).observe(
             max(0.0, now_ns / 1e9 - msg.timestamp / 1e3)
@@ -856,10 +852,10 @@ class ExecutorService:
                         decision.job.effect_id.encode())
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
-            assert record.model is not None
+            queue_key = record.model or _HANDLER_KEY + kind  # a kind without a model: its handler
             self._leases[decision.job.effect_id] = decision.accepted
             self._start_fetch(
-                _Job(decision.job, kind, record.model, ack, read_mono, key, tracker, accepted, gen)
+                _Job(decision.job, kind, queue_key, ack, read_mono, key, tracker, accepted, gen)
             )
 
     async def _write_refusal(
@@ -918,70 +914,16 @@ class ExecutorService:
     async def _sync_workload(self, workload_id: str, *, shadow: str | None = None,
                              attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
         """Read ``.claims`` and ``.spec`` of ``workload_id`` (and the ``.eval`` of its shadow
-        evaluation ``shadow``) up to their end offsets now.
-
-        Fencing decisions rest on this state, so a failed catch-up is retried (with backoff)
-        until it succeeds or the service stops: deciding on a stale spec or epoch would be a
-        guessed outcome. While it retries, this partition's request stays unsettled (never
-        committed), so a restart reads it again.
-        """
-        delay = 0.5
-        while True:
-            try:
-                await asyncio.wait_for(self._sync_workload_inner(workload_id, shadow),
-                                       attempt_s)
-                return
-            except (TimeoutError, KafkaError) as exc:
-                self.metrics.sync_failures.inc()
-                log.error("could not catch up on claims/spec of %s: %r; retrying in %.1f s "
-                          "(no request of it is decided meanwhile)", workload_id, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_backoff_s)
+        evaluation ``shadow``) up to their end offsets now, retried until it succeeds
+        (:func:`executor.sync.catch_up`): while it retries, this partition's request stays
+        unsettled (never committed), so a restart reads it again."""
+        await catch_up(self._sync_workload_inner, workload_id, shadow,
+                       on_failure=self.metrics.sync_failures.inc, attempt_s=attempt_s,
+                       max_backoff_s=max_backoff_s)
 
     async def _sync_workload_inner(self, workload_id: str, shadow: str | None = None) -> None:
-        side = self._side
-        assert side is not None
-        async with self._side_lock:
-            tps = [
-                TopicPartition(topics.claims(workload_id), 0),
-                TopicPartition(topics.spec(workload_id), 0),
-            ]
-            if shadow is not None:
-                tps.append(TopicPartition(topics.shadow_stream(workload_id, shadow, "eval"), 0))
-            watch_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
-            if watch_key not in self._watched:
-                self._watched[watch_key] = tps
-                # Re-assigning resets positions to the beginning: reading again is idempotent.
-                side.assign([tp for group in self._watched.values() for tp in group])
-            assert self._probe is not None
-            end = await self._probe.end_offsets(tps)
-            while True:
-                behind = [tp for tp in tps if await side.position(tp) < end[tp]]
-                if not behind:
-                    return
-                data = await side.getmany(*behind, timeout_ms=1000)
-                for _tp, msgs in data.items():
-                    for msg in msgs:
-                        self._observe(workload_id, msg)
-
-    def _observe(self, workload_id: str, msg: Any) -> None:
-        try:
-            record = decode(msg.value)
-        except DecodeError as exc:
-            log.warning("undecodable record at %s offset %d: %s", msg.topic, msg.offset, exc)
-            self.metrics.rejected.labels(exc.code).inc()
-            return
-        if isinstance(record, ClaimRecord) and record.workload_id == workload_id:
-            self.state.observe_claim(record)
-        elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
-            self.state.observe_spec(record, msg.offset)
-        elif (isinstance(record, ShadowEvalRecord) and record.workload_id == workload_id
-              and msg.topic == topics.shadow_stream(workload_id, record.eval_id, "eval")):
-            self.state.observe_shadow(record)
-        elif isinstance(record, ShadowReportRecord):
-            pass  # an evaluation's result: nothing an executor decides on
-        else:
-            log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)
+        assert self._sync is not None
+        await self._sync.read(workload_id, shadow)
 
     # ------------------------------------------------------------------------------ inputs
     async def _fetch_input(self, j: _Job) -> None:
@@ -1208,6 +1150,9 @@ class ExecutorService:
 
     # ------------------------------------------------------------------------------ workers
     def _batch_limit(self, model_hash: str) -> int:
+        handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
+        if handler is not None:
+            return max(1, min(self.config.max_batch, handler.max_batch))
         try:
             engine = self._engine_for(self.store.manifest(model_hash))
         except ModelError:
@@ -1223,15 +1168,22 @@ class ExecutorService:
             # inputs were read before the job was queued (``_fetch_input``): nothing here waits
             # on the broker for one request while others queue behind it
             ready: list[tuple[_Job, bytes]] = [(j, j.data) for j in jobs]
-            try:
-                engine, manifest = await loop.run_in_executor(
-                    self._pool, self._ensure_loaded, model_hash
-                )
-            except OutcomeError as exc:
-                for j, _ in ready:
-                    self._answer_job(j, self.state.refusal_executor, None, exc)
-                continue
-            self._spawn(self._publish_facts())
+            handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
+            engine: Engine | KindHandler
+            manifest: ModelManifest | None = None
+            if handler is not None:  # a kind without a model: no store, no load
+                engine, target, answered_hash = handler, jobs[0].kind, None
+            else:
+                try:
+                    engine, manifest = await loop.run_in_executor(
+                        self._pool, self._ensure_loaded, model_hash
+                    )
+                except OutcomeError as exc:
+                    for j, _ in ready:
+                        self._answer_job(j, self.state.refusal_executor, None, exc)
+                    continue
+                target, answered_hash = model_hash, model_hash
+                self._spawn(self._publish_facts())
             info = ExecutorInfo(
                 node_id=self.config.node_id,
                 engine=engine.name,
@@ -1250,7 +1202,7 @@ class ExecutorService:
                     _request_context(j.job) for j, _ in ready])
             try:
                 results = await loop.run_in_executor(
-                    self._pool, run_batch, model_hash, items
+                    self._pool, run_batch, target, items
                 )
             except Exception as exc:  # an engine bug: every request in the batch gets the error
                 results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
@@ -1260,14 +1212,13 @@ class ExecutorService:
             self.metrics.compute_seconds.labels(model_hash).observe(time.monotonic() - now)
             self.metrics.batch_size.labels(model_hash).observe(len(items))
             self.metrics.exec_count.labels(model_hash).inc()
-            receipt_base: dict[str, Any] = {
-                "manifest_hash": manifest.manifest_hash(),
-                "preprocessing_version": manifest.preprocessing_version,
-                "batch_size": len(items),
-            }
+            receipt_base: dict[str, Any] = {"batch_size": len(items)}
+            if manifest is not None:
+                receipt_base.update(manifest_hash=manifest.manifest_hash(),
+                                    preprocessing_version=manifest.preprocessing_version)
             for (j, _), result in zip(ready, results, strict=True):
                 self._answer_job(
-                    j, info, model_hash, result, started_us=started_us,
+                    j, info, answered_hash, result, started_us=started_us,
                     finished_us=finished_us, receipt_base=receipt_base,
                 )
 
@@ -1362,6 +1313,10 @@ class ExecutorService:
             return await self._produce("ledger", topic, value, key)
 
         await self._ledger.append(receipt, produce)
+
+
+#: Scheduler key prefix of the jobs of a kind served without a model (never a ``sha256:`` hash).
+_HANDLER_KEY = "kind:"
 
 
 def _request_context(job: InFlight) -> dict[str, Any]:

@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "fx_kafka.acl",
     "fx_kafka.keys",
     "executor.cli",
+    "actuator.cli",
     "workload_sdk.cli",
 )
 

@@ -8,17 +8,23 @@ executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an inpu
               the shadow evaluations' topics (``wl.<id>.shadow.*``, PREFIXED); writes ``sys.facts``
               and ``sys.rejects``, reads and writes ``sys.chunks`` (and may create those three);
               joins the consumer groups ``<group prefix>.<kind>``. Nothing else: it cannot write
-              ``.out``, ``.merge``, ``.claims`` or ``.spec``.
+              ``.out``, ``.merge``, ``.claims`` or ``.spec``. An actuator gateway runs as this
+              role too: it also reads and writes its memory ``sys.actuator.<node>`` (PREFIXED)
+              and joins ``<actuator group prefix>.<kind>``; its telemetry inputs need the
+              producer role's write on ``wl.<id>.in``.
 holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
               describe their configs, delete records for ``fx trim``), its transactional id
               ``fx-holder.<id>`` and the election group ``fx-holder-elect.<id>``; reads
-              ``sys.facts``. One holder principal per workload keeps
+              ``sys.facts`` (placement) and writes (and may create) ``sys.alarms`` (the alarm
+              of an at-most-once ``unknown``, in its transaction). One holder principal per
+              workload keeps
               workloads apart: the holder of one cannot read or write another's streams.
 producer      writes ``wl.<id>.in`` only.
 operator      reads and describes every topic (``*``); writes ``wl.<id>.spec`` and the shadow
               evaluations' topics (``fx shadow``, ``wl.<id>.shadow.*``), creates the
               workload's topics and deletes records below the audit horizon (``fx trim``);
-              writes (and creates) ``sys.keys``, the node key history (``fx keys``).
+              writes (and creates) ``sys.keys``, the node key history (``fx keys``), and
+              writes ``sys.alarms`` (``fx alarms ack``).
 ============  =================================================================================
 
 Pattern types. Kafka matches a resource name LITERAL (one name, or ``*`` for all), or PREFIXED
@@ -128,6 +134,8 @@ class Roles:
     operator: str | None = "operator"
     #: the executor's consumer groups are ``<executor_group_prefix>.<kind>``
     executor_group_prefix: str = "fx-executor"
+    #: an actuator gateway's (run as the executor role) are ``<actuator_group_prefix>.<kind>``
+    actuator_group_prefix: str = "fx-actuator"
 
 
 def _user(name: str) -> str:
@@ -154,13 +162,21 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # each node's receipt ledger (sys.ledger.<node>): read back on start, appended to
         out += _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C)
         out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
+        # an actuator gateway's memory (sys.actuator.<node>) and consumer groups; the system
+        # topics are made at start, sys.alarms among them (the executor never writes it)
+        out += _grant(ex, T, topics.ACTUATOR_PREFIX, PRE, R, W, D, C)
+        out += _grant(ex, T, topics.ALARMS, LIT, D, C)
+        out += _grant(ex, G, f"{roles.actuator_group_prefix}.", PRE, R, D)
     if roles.operator:
         op = _user(roles.operator)
         out += _grant(op, T, "*", LIT, R, D, Operation.DESCRIBE_CONFIGS)
         # the node key history: certificates written with the fleet key (fx keys certify)
         out += _grant(op, T, topics.KEYS, LIT, W, C)
+        # fx alarms ack
+        out += _grant(op, T, topics.ALARMS, LIT, W)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
+        out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
     for wid in dict.fromkeys(workloads):
         topics.check_workload_id(wid)
         if roles.executor:

@@ -175,7 +175,17 @@ def retention_message(problems: list[tuple[str, str, int]], audit_horizon_ms: Ho
     return "\n".join(lines)
 
 
+async def ensure_alarms_topic(bootstrap: str) -> None:
+    """Create ``sys.alarms`` (one partition, no retention: alarms are history) if missing: the
+    lease holder writes an alarm in the transaction of an at-most-once ``unknown``, and a
+    transaction to a topic that does not exist would fail."""
+    await create_topics(bootstrap, [topics.ALARMS], partitions=1,
+                        configs={"retention.ms": "-1", "retention.bytes": "-1"})
+
+
 async def ensure_system_topics(bootstrap: str) -> None:
-    """Create ``sys.facts`` and ``sys.chunks`` (compacted) and ``sys.rejects`` if missing."""
+    """Create ``sys.facts`` and ``sys.chunks`` (compacted), ``sys.rejects`` and ``sys.alarms``
+    (one partition, no retention: alarms are history) if missing."""
     await create_topics(bootstrap, [topics.FACTS, topics.CHUNKS], compacted=True)
     await create_topics(bootstrap, [topics.REJECTS])
+    await ensure_alarms_topic(bootstrap)

@@ -7,6 +7,13 @@ through the recorded merge order on ``wl.<id>.merge``, so replay reads them and 
 This package never imports ``executor``: the two meet only on the log.
 """
 
+from workload_sdk._actuation import (
+    ReadBack,
+    await_read_back,
+    read_back,
+    reissue,
+    telemetry_of,
+)
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -22,6 +29,7 @@ from workload_sdk._api import (
     infer,
     module_hash,
     reask,
+    recall,
     remember,
     request,
     state_bytes,
@@ -67,6 +75,7 @@ __all__ = [
     "LogRecord",
     "NoSpec",
     "Output",
+    "ReadBack",
     "ReplayError",
     "ReplayResult",
     "Request",
@@ -79,6 +88,7 @@ __all__ = [
     "WorkloadLog",
     "actuate",
     "audit",
+    "await_read_back",
     "choose_next",
     "diff",
     "due_outcomes",
@@ -90,12 +100,16 @@ __all__ = [
     "local_tokenize",
     "module_hash",
     "plan_trim",
+    "read_back",
     "reask",
+    "recall",
+    "reissue",
     "remember",
     "replay",
     "request",
     "state_bytes",
     "state_hash",
+    "telemetry_of",
     "transactional_id_for",
     "trim_workload",
     "why",

@@ -51,6 +51,7 @@ __all__ = [
     "emit",
     "infer",
     "module_hash",
+    "recall",
     "request",
     "state_bytes",
     "state_hash",
@@ -188,7 +189,8 @@ class Request:
 
     ``model`` is a model name (resolved through the spec's bindings in force at the step's
     ``seq``) or a ``sha256:`` hash (which the spec must bind). ``deadline_ms`` of None means the
-    spec's ``deadline_default_ms``.
+    spec's ``deadline_default_ms``. ``reissue_of``: the effect id of the original request when
+    this one re-asks it after ``unknown`` (:func:`workload_sdk.reissue`; docs/actuation.md).
     """
 
     effect_kind: str
@@ -196,6 +198,7 @@ class Request:
     params: Mapping[str, Any] = field(default_factory=dict)
     input: Body | None = None
     deadline_ms: int | None = None
+    reissue_of: str | None = None
 
 
 Output: TypeAlias = Emit | Request
@@ -206,12 +209,30 @@ REASK_ON: tuple[str, ...] = ("backpressure", "timeout")
 
 
 def remember(req: Request) -> dict[str, Any]:
-    """``req`` as a JSON value to keep in the state, for :func:`reask` to issue again."""
-    return {
+    """``req`` as a JSON value to keep in the state, for :func:`reask` (or
+    :func:`workload_sdk.reissue`) to issue again."""
+    kept = {
         "effect_kind": req.effect_kind, "model": req.model, "params": dict(req.params),
         "input": None if req.input is None else req.input.model_dump(mode="json"),
         "deadline_ms": req.deadline_ms, "attempt": 1,
     }
+    if req.reissue_of is not None:
+        kept["reissue_of"] = req.reissue_of
+    return kept
+
+
+def recall(remembered: Mapping[str, Any], *, reissue_of: str | None = None) -> Request:
+    """The request :func:`remember` made ``remembered`` of (kind, model name, params, input,
+    deadline), as a reissue of ``reissue_of`` when given."""
+    raw_input = remembered.get("input")
+    body: Body | None = None
+    if raw_input is not None:
+        from pydantic import TypeAdapter
+
+        body = TypeAdapter(Body).validate_python(raw_input)
+    return Request(effect_kind=str(remembered["effect_kind"]), model=remembered.get("model"),
+                   params=dict(remembered.get("params") or {}), input=body,
+                   deadline_ms=remembered.get("deadline_ms"), reissue_of=reissue_of)
 
 
 def reask(event: EffectResult, remembered: Mapping[str, Any] | None, *,
@@ -236,16 +257,7 @@ def reask(event: EffectResult, remembered: Mapping[str, Any] | None, *,
     attempt = int(remembered.get("attempt", 1))
     if attempt >= max_attempts:
         return None
-    raw_input = remembered.get("input")
-    body: Body | None = None
-    if raw_input is not None:
-        from pydantic import TypeAdapter
-
-        body = TypeAdapter(Body).validate_python(raw_input)
-    req = Request(effect_kind=str(remembered["effect_kind"]), model=remembered.get("model"),
-                  params=dict(remembered.get("params") or {}), input=body,
-                  deadline_ms=remembered.get("deadline_ms"))
-    return req, dict(remembered, attempt=attempt + 1)
+    return recall(remembered), dict(remembered, attempt=attempt + 1)
 
 
 def body_of(value: Body | bytes | str | Any, *, media_type: str | None = None) -> Body:
@@ -289,16 +301,20 @@ def actuate(
     kind: str,
     *,
     set_point: Any,
+    device: str | None = None,
     params: Mapping[str, Any] | None = None,
     deadline_ms: int | None = None,
 ) -> Request:
     """An actuation request of effect kind ``kind`` with an absolute ``set_point``.
 
     Prefer absolute set-points to deltas: a reissue after ``unknown`` is then safe to repeat.
-    ``set_point`` travels in ``params["set_point"]``.
+    ``set_point`` travels in ``params["set_point"]``, ``device`` (a device the gateway's kind
+    may set; its first by default) in ``params["device"]``.
     """
     merged = dict(params or {})
     merged["set_point"] = set_point
+    if device is not None:
+        merged["device"] = device
     return Request(effect_kind=kind, params=merged, deadline_ms=deadline_ms)
 
 

@@ -463,10 +463,12 @@ class Core:
                                     seq=seq)
             model = _resolve_model(out.model, models, seq)
             deadline = out.deadline_ms if out.deadline_ms is not None else spec.deadline_default_ms
+            if out.reissue_of is not None:
+                _check_reissue(out.reissue_of, self.workload_id, seq, index)
             try:
                 req = EffectRequest(header=header, effect_kind=out.effect_kind, model=model,
                                     params=dict(out.params), input=out.input,
-                                    deadline_ms=deadline)
+                                    deadline_ms=deadline, reissue_of=out.reissue_of)
             except (ValueError, _EncodeError) as exc:
                 raise WorkloadError("bad_output", f"request {index}: {exc}", seq=seq) from exc
             records.append(req)
@@ -494,6 +496,15 @@ def _normalized_state(state: State, seq: int | None) -> State:
     except _EncodeError as exc:
         raise WorkloadError("bad_state", f"state is not canonical JSON: {exc.detail}",
                             seq=seq) from exc
+
+
+def _check_reissue(original: str, workload_id: str, seq: int, index: int) -> None:
+    """A reissue names an earlier request of this workload (the merge rule is unchanged: the
+    reissue is an effect of its own, with its own id and answer; docs/actuation.md)."""
+    parsed = _parse_effect_id(original)
+    if parsed is None or parsed[0] != workload_id or parsed[1] >= seq:
+        raise WorkloadError("bad_output", f"request {index} names reissue_of {original!r}, "
+                            f"which is not an earlier effect of workload {workload_id}", seq=seq)
 
 
 def _resolve_model(model: str | None, models: Mapping[str, str], seq: int) -> str | None:

@@ -90,7 +90,11 @@ from broker_schema import (
 from broker_schema.binding import switch_problem
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
-from fx_kafka.workload import check_workload_topics, ensure_workload_topics
+from fx_kafka.workload import (
+    check_workload_topics,
+    ensure_alarms_topic,
+    ensure_workload_topics,
+)
 from workload_sdk._api import Workload, module_hash
 from workload_sdk._core import (
     Core,
@@ -100,17 +104,18 @@ from workload_sdk._core import (
     next_due_ms,
     referenced_body,
 )
-from workload_sdk._kafka_io import read_resume_log, read_topic
+from workload_sdk._kafka_io import read_facts, read_resume_log, read_topic
 from workload_sdk._logview import RefGap
+from workload_sdk._placement import placement_missing
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import out_slots, replay, resume_outputs
-from workload_sdk._round import merge_batch, outcomes_due, tick_due
+from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
 from workload_sdk._trim_io import trim_workload
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Fenced", "HolderConfig", "LeaseHolder", "NoSpec", "Replaced", "check_restart",
-           "rejoin_epoch", "transactional_id_for"]
+__all__ = ["Fenced", "HolderConfig", "LeaseHolder", "NoSpec", "Replaced", "Unplaced",
+           "check_restart", "rejoin_epoch", "transactional_id_for"]
 
 
 class Fenced(Exception):
@@ -123,6 +128,15 @@ class Replaced(Fenced):
 
 class NoSpec(Exception):
     """``wl.<id>.spec`` holds no spec, or the module does not match it."""
+
+
+class Unplaced(NoSpec):
+    """No live node on ``sys.facts`` serves everything the spec binds (and ``--force`` was not
+    given): :attr:`missing` says what (:func:`workload_sdk._placement.placement_missing`)."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def transactional_id_for(workload_id: str) -> str:
@@ -141,6 +155,13 @@ class HolderConfig:
     store is this directory (a filesystem store shared with the executors, the layout of
     :mod:`broker_schema.chunks`) instead of ``sys.chunks``. ``ref_wait_s``: how long a chunk or
     stream record an input or answer names is waited for before the holder stops.
+
+
+    Placement (docs/actuation.md): before claiming a new epoch the holder checks that live nodes
+    on ``sys.facts`` (facts at most ``facts_max_age_s`` old) serve every kind and model the spec
+    binds; it waits up to ``placement_wait_s`` (None: for ever) for them, then raises
+    :class:`Unplaced`. ``force_placement`` claims anyway and records what was missing in the
+    claim (``ClaimRecord.forced``).
     """
 
     bootstrap: str
@@ -153,6 +174,9 @@ class HolderConfig:
     trim_every_s: float | None = None
     chunk_dir: str | None = None
     ref_wait_s: float = 30.0
+    force_placement: bool = False
+    placement_wait_s: float | None = 30.0
+    facts_max_age_s: float = 300.0
 
 
 @dataclass
@@ -165,6 +189,8 @@ class HolderStats:
     transactions: int = 0
     ticks: int = 0
     outcomes_written: int = 0
+    #: alarms written with at-most-once ``unknown`` outcomes (``sys.alarms``)
+    alarms: int = 0
     rewritten_outputs: int = 0
     #: Snapshots written (``chunk_snapshots`` of them over the inline limit, their state a
     #: chunk), and snapshots that could not be made.
@@ -250,6 +276,7 @@ FENCE_SETTLE_S = 2.0
 class _Req:
     offset: int
     time_ms: int
+    reissue_of: str | None = None
 
 
 class LeaseHolder:
@@ -274,6 +301,8 @@ class LeaseHolder:
         self.stats = HolderStats()
         self.ready = asyncio.Event()
         self._requests: dict[str, _Req] = {}
+        #: effect id -> the node of its latest ``accepted`` read (for alarms: people only)
+        self._accepted_by: dict[str, str] = {}
         self._written_outcomes: set[str] = set()
         self._now_resp_ms: int | None = None
         self._clock: tuple[int, float] | None = None  # (broker ms, local monotonic s)
@@ -290,7 +319,8 @@ class LeaseHolder:
         self._refs: RefResolver | None = None
 
     # -- start-up ------------------------------------------------------------------------------
-    async def _claim(self, rejoin: int | None = None) -> None:
+    async def _latest_spec(self) -> tuple[int, SpecRecord]:
+        """The latest spec on ``.spec`` and its offset; :class:`NoSpec` when there is none."""
         cfg = self.config
         spec_view = await read_topic(cfg.bootstrap, topics.spec(cfg.workload_id))
         spec: tuple[int, SpecRecord] | None = None
@@ -303,7 +333,13 @@ class LeaseHolder:
                 spec = (rec.offset, record)
         if spec is None:
             raise NoSpec(f"no spec on {spec_view.topic}")
-        spec_offset, self.spec = spec
+        return spec
+
+    async def _claim(self, rejoin: int | None = None, forced: list[str] | None = None) -> None:
+        """Claim the next epoch (or keep ``rejoin``); ``forced``: what placement found missing
+        when claiming with ``force_placement`` (recorded in the claim)."""
+        cfg = self.config
+        spec_offset, self.spec = await self._latest_spec()
         self._spec_offset = spec_offset
         if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
             raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
@@ -330,10 +366,42 @@ class LeaseHolder:
         highest = max((c.epoch for c in claims), default=0)
         self.epoch = highest + 1
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
-                            spec_hash=record_hash(self.spec), spec_offset=spec_offset)
+                            spec_hash=record_hash(self.spec), spec_offset=spec_offset,
+                            forced=tuple(forced or ()))
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
+
+    async def _placement(self, spec: SpecRecord) -> list[str]:
+        """Wait until live nodes serve what ``spec`` binds (:func:`placement_missing`); return
+        what is missing when claiming with ``force_placement`` (recorded in the claim), else
+        raise :class:`Unplaced` once ``placement_wait_s`` has passed."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        give_up = None if cfg.placement_wait_s is None else loop.time() + cfg.placement_wait_s
+        said: list[str] | None = None
+        while True:
+            facts = await read_facts(cfg.bootstrap)
+            missing = placement_missing(spec, facts, now_us=time.time_ns() // 1000,
+                                        max_age_s=cfg.facts_max_age_s)
+            if not missing:
+                if said:
+                    log.info("%s: placed (now served: %s)", cfg.workload_id, ", ".join(said))
+                return []
+            what = ", ".join(missing)
+            if cfg.force_placement:
+                log.warning("%s: claiming with --force although no live node serves %s "
+                            "(recorded in the claim)", cfg.workload_id, what)
+                return missing
+            if give_up is not None and loop.time() >= give_up:
+                raise Unplaced(f"not claiming {cfg.workload_id}: no live node on sys.facts "
+                               f"serves {what} (waited {cfg.placement_wait_s:.0f} s; --force "
+                               "claims anyway and records it in the claim)", missing)
+            if missing != said:
+                log.warning("%s: not claiming yet: no live node on sys.facts serves %s",
+                            cfg.workload_id, what)
+                said = missing
+            await asyncio.sleep(1.0)
 
     async def _resume(self) -> None:
         cfg = self.config
@@ -347,7 +415,8 @@ class LeaseHolder:
         for offset, value in recorded.values():
             record = decode(value)
             if isinstance(record, EffectRequest):
-                self._requests[record.effect_id] = _Req(offset, wl["out"].records[offset].time_ms)
+                self._requests[record.effect_id] = _Req(
+                    offset, wl["out"].records[offset].time_ms, record.reissue_of)
         for rec in wl["resp"]:
             # a timeout/unknown an earlier holder wrote that the fold has not merged yet: do not
             # write a second one
@@ -358,6 +427,8 @@ class LeaseHolder:
             if (isinstance(answer, ResponseRecord) and answer.outcome in ("timeout", "unknown")
                     and answer.effect_id in self.core.pending):
                 self._written_outcomes.add(answer.effect_id)
+            elif isinstance(answer, AcceptedRecord):
+                self._accepted_by[answer.effect_id] = answer.node_id
         missing = resume_outputs(result, wl)
         if missing:
             log.warning("%d output slots computed by replay are not on .out: writing them",
@@ -413,7 +484,7 @@ class LeaseHolder:
     def _note_outputs(self, outs: list[OutRecord], metas: list[Any]) -> None:
         for out, meta in zip(outs, metas, strict=True):
             if isinstance(out, EffectRequest):
-                self._requests[out.effect_id] = _Req(meta.offset, meta.timestamp)
+                self._requests[out.effect_id] = _Req(meta.offset, meta.timestamp, out.reissue_of)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -466,6 +537,7 @@ class LeaseHolder:
         self.spec = None
         self.core = None
         self._requests = {}
+        self._accepted_by = {}
         self._written_outcomes = set()
         self._now_resp_ms = None
         self._inputs_waiting = False
@@ -478,6 +550,12 @@ class LeaseHolder:
     async def _run_once(self, stop: asyncio.Event, rejoin: int | None, *, fenced: bool) -> None:
         cfg = self.config
         await ensure_workload_topics(cfg.bootstrap, cfg.workload_id)
+        await ensure_alarms_topic(cfg.bootstrap)
+        # placement before the transactional producer starts: its InitProducerId fences the
+        # holder running now, which must not happen for a claim that will not be made. A
+        # holder restarting in place after an outage is not checked again.
+        forced = None if rejoin is not None else await self._placement(
+            (await self._latest_spec())[1])
         if rejoin is not None:
             # before a new producer fences whoever holds the transactional id now: a holder that
             # claimed after this one is the rightful one
@@ -490,7 +568,7 @@ class LeaseHolder:
         consumer = None
         trimmer: asyncio.Task[None] | None = None
         try:
-            await self._claim(rejoin)
+            await self._claim(rejoin, forced)
             await self._resume()
             assert self.core is not None and self.spec is not None
             consumer = make_consumer(cfg.bootstrap)
@@ -618,6 +696,8 @@ class LeaseHolder:
             return None
         if source == "resp":
             self._observe_clock(msg.timestamp)
+            if isinstance(record, AcceptedRecord):
+                self._accepted_by[record.effect_id] = record.node_id
         return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
 
     async def _resolved(self, item: Item, topic: str, stop: asyncio.Event,
@@ -722,10 +802,20 @@ class LeaseHolder:
                                now_resp_ms=self._now_resp_ms, holder_id=cfg.holder_id,
                                workload_id=cfg.workload_id)
         if records:
+            assert self.spec is not None
+            alarms = alarms_for(records, core, self.spec, accepted_by=self._accepted_by,
+                                reissues={eid: r.reissue_of for eid, r in self._requests.items()
+                                          if r.reissue_of is not None},
+                                holder_id=cfg.holder_id, now_us=time.time_ns() // 1000)
             self._written_outcomes.update(r.effect_id for r in records)
-            await self._write([(topics.resp(cfg.workload_id), encode(r)) for r in records])
+            # one transaction: an at-most-once unknown and its alarm exist together or not at all
+            await self._write([(topics.resp(cfg.workload_id), encode(r)) for r in records]
+                              + [(topics.ALARMS, encode(a)) for a in alarms])
             self.stats.outcomes_written += len(records)
+            self.stats.alarms += len(alarms)
             log.info("wrote %s", ", ".join(f"{r.outcome} for {r.effect_id}" for r in records))
+            for alarm in alarms:
+                log.error("ALARM %s (%s): %s", alarm.alarm_id, alarm.effect_kind, alarm.reason)
         in_flight = (self._tick_inflight_since is not None
                      and time.monotonic() - self._tick_inflight_since < cfg.tick_ms / 1000)
         if not tick_due(core, times, already_written=self._written_outcomes,

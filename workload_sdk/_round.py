@@ -11,6 +11,8 @@ so what the golden logs show is what the holder does, not what a copy of it does
   the holder stores before committing);
 - :func:`outcomes_due`: the ``timeout``/``unknown`` records to write for pending effects, judged
   against the broker time of the latest ``.resp`` record merged;
+- :func:`alarms_for`: the alarm to write with each ``unknown`` of an ``at-most-once`` kind, in
+  the same transaction;
 - :func:`tick_due`: whether to append a tick (a clock marker) so that broker time moves when a
   deadline, a lease end or a backpressure pause is passed and nothing else would show it.
 """
@@ -18,11 +20,12 @@ so what the golden logs show is what the holder does, not what a copy of it does
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker_schema import (
+    AlarmRecord,
     ChunkRef,
     EffectRequest,
     EncodeError,
@@ -42,7 +45,7 @@ from workload_sdk._core import (
     next_due_ms,
 )
 
-__all__ = ["MergedBatch", "merge_batch", "outcomes_due", "tick_due"]
+__all__ = ["MergedBatch", "alarms_for", "merge_batch", "outcomes_due", "tick_due"]
 
 
 @dataclass
@@ -172,6 +175,37 @@ def outcomes_due(core: Core, request_times: Mapping[str, int],
     return [holder_outcome(core.pending[d.effect_id], request_offset=request_offsets[d.effect_id],
                            outcome=d.outcome, holder_id=holder_id, workload_id=workload_id)
             for d in due]
+
+
+def alarms_for(outcomes: Iterable[ResponseRecord], core: Core, spec: SpecRecord, *,
+               reissues: Mapping[str, str], accepted_by: Mapping[str, str], holder_id: str,
+               now_us: int) -> list[AlarmRecord]:
+    """The alarms to write with ``outcomes`` (before they are merged: their effects are still
+    pending in ``core``): one per ``unknown`` of a kind the spec declares ``at-most-once``. The
+    holder writes them to ``sys.alarms`` in the transaction of the ``unknown`` records, so an
+    alarm exists exactly when its ``unknown`` does (a successor that re-judges an uncommitted
+    outcome writes both again, once). ``reissues``: effect id -> the original it re-asks;
+    ``accepted_by``: effect id -> the node of its latest ``accepted`` (people only)."""
+    alarms: list[AlarmRecord] = []
+    for response in outcomes:
+        pending = core.pending.get(response.effect_id)
+        if response.outcome != "unknown" or pending is None:
+            continue
+        guarantee = spec.guarantees.get(pending.effect_kind)
+        if guarantee != "at-most-once":
+            continue
+        node = accepted_by.get(response.effect_id)
+        reason = (f"accepted by {node or 'a gateway'}, and no response within its lease of "
+                  f"{pending.lease_ms} ms: the command may have acted. {pending.effect_kind} "
+                  "is at-most-once, so nothing retries it: a person must look")
+        alarms.append(AlarmRecord(
+            alarm_id=response.effect_id, workload_id=response.header.workload_id,
+            header=response.header,
+            effect_kind=pending.effect_kind, guarantee=guarantee,
+            request_offset=response.request_offset,
+            reissue_of=reissues.get(response.effect_id), accepted_by=node, reason=reason,
+            raised_by=holder_id, raised_us=now_us))
+    return alarms
 
 
 def tick_due(core: Core, request_times: Mapping[str, int], *, already_written: Set[str],

@@ -76,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
                           check_module=not args.no_module_check, trim_every_s=args.trim_every,
-                          chunk_dir=args.chunk_dir, ref_wait_s=args.ref_wait)
+                          chunk_dir=args.chunk_dir, ref_wait_s=args.ref_wait,
+                          force_placement=args.force, placement_wait_s=args.placement_wait_s,
+                          facts_max_age_s=args.facts_max_age_s)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -129,11 +131,18 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--local-model takes NAME=sha256:HEX, got {item!r}")
         local[name] = value
+    guarantees = {}
+    for item in args.guarantee or []:
+        kind, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--guarantee takes KIND=GUARANTEE, got {item!r}")
+        guarantees[kind] = value
     spec = SpecRecord(
         workload_id=args.id,
         module_hash=module_hash(load_workload(args.module)),
         effect_kinds=tuple(args.kind or ()),
         models=models,
+        guarantees=guarantees,  # validated by the record
         outstanding_limit=args.outstanding_limit,
         deadline_default_ms=args.deadline_ms,
         executor_lease_ms=args.executor_lease_ms,
@@ -482,6 +491,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--ref-wait", type=float, default=30.0, metavar="SECONDS",
                      help="how long a chunk or stream record an input or answer names is "
                      "waited for before the holder stops, naming it (default 30)")
+    run.add_argument("--force", action="store_true",
+                     help="claim even when no live node on sys.facts serves every kind and "
+                     "model the spec binds (what was missing is recorded in the claim)")
+    run.add_argument("--placement-wait-s", type=float, default=30.0, metavar="SECONDS",
+                     help="how long to wait for nodes that serve what the spec binds before "
+                     "giving up (exit 4; default 30; 0: do not wait)")
+    run.add_argument("--facts-max-age-s", type=float, default=300.0, metavar="SECONDS",
+                     help="facts older than this on sys.facts are not a live node (default 300)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 
@@ -495,6 +512,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       "(repeatable)")
     spec.add_argument("--local-max-tokens", type=int, default=64,
                       help="mode A: tokens a step may spend on local models (default 64)")
+    spec.add_argument("--guarantee", action="append", metavar="KIND=GUARANTEE",
+                      help="the guarantee an actuation kind must be served with: idempotent, "
+                      "fenced or at-most-once (repeatable; docs/actuation.md)")
     spec.add_argument("--outstanding-limit", type=int, default=16)
     spec.add_argument("--deadline-ms", type=int, default=5_000)
     spec.add_argument("--executor-lease-ms", type=int, default=30_000)

@@ -3,7 +3,8 @@
 :class:`WorkloadHarness` creates the workload's topics on a given broker, writes its spec, starts
 lease holders as real processes (``python -m workload_sdk workload run``), appends inputs, and
 reads the log back. :meth:`WorkloadHarness.start_executor` starts the project's executor as a
-process (``fx executor run ...``) when it is installed; :meth:`WorkloadHarness.answer` writes
+process (``fx executor run ...``) when it is installed, :meth:`WorkloadHarness.start_gateway` an
+actuator gateway (``fx actuator run ...``); :meth:`WorkloadHarness.answer` writes
 ``accepted`` and ``response`` records by hand, for tests that play the executor's part themselves
 (real records on a real broker, but no model ran: say so in the test's name).
 
@@ -134,18 +135,28 @@ class WorkloadHarness:
         self.processes.append(proc)
         return proc
 
-    def start_holder(self, holder_id: str, *args: str,
-                     elect: bool = True) -> subprocess.Popen[bytes]:
+    def start_holder(self, holder_id: str, *args: str, elect: bool = True,
+                     force: bool = True) -> subprocess.Popen[bytes]:
         """Start a lease holder process for this workload (``fx workload run``): a candidate in
-        the holder election, or with ``elect=False`` one that claims the lease at once."""
+        the holder election, or with ``elect=False`` one that claims the lease at once.
+
+        ``force`` (the default) claims with ``--force`` whatever ``sys.facts`` says, since a
+        harness test usually plays the executor itself (:meth:`answer`): the claim records what
+        no live node served. ``force=False``: the holder checks placement (docs/actuation.md)."""
         return self._spawn([sys.executable, "-m", "workload_sdk", "workload", "run", self.module,
                             "--id", self.workload_id, "--holder-id", holder_id,
                             "--bootstrap", self.bootstrap, *args,
-                            *(() if elect else ("--no-elect",))], f"holder-{holder_id}")
+                            *(() if elect else ("--no-elect",)),
+                            *(("--force",) if force else ())], f"holder-{holder_id}")
 
     def start_executor(self, *args: str, name: str = "executor") -> subprocess.Popen[bytes]:
         """Start ``fx executor run ARGS...`` as a process (check :func:`executor_available`)."""
         return self._spawn([*fx_command(), "executor", "run", *args], name)
+
+    def start_gateway(self, *args: str, name: str = "gateway") -> subprocess.Popen[bytes]:
+        """Start ``fx actuator run ARGS...`` (an actuator gateway, docs/actuation.md) as a
+        process; its output goes to ``<log_dir>/<name>.log``."""
+        return self._spawn([*fx_command(), "actuator", "run", *args], name)
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; return the exit code."""

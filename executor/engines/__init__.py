@@ -49,7 +49,9 @@ __all__ = [
     "EngineOptions",
     "EngineResult",
     "IntegerBackend",
+    "KindHandler",
     "build_engine",
+    "build_handler",
 ]
 
 
@@ -119,6 +121,28 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class KindHandler(Protocol):
+    """Runs the requests of an effect kind that names no model (``ExecutorConfig.handlers``).
+
+    The same accepted/response/fencing rules as inference apply (:func:`executor.core.decide`
+    with ``model_status="ready"``); only what runs differs: no model store, no load, and the
+    response's ``model_hash`` is null. ``run_batch`` is called from a worker thread with the
+    request's kind and, per request, its params and input bytes; it returns one result or error
+    per item, as :meth:`Engine.run_batch` does."""
+
+    name: str
+    version: str
+    device_class: str
+    max_batch: int
+
+    def run_batch(
+        self, kind: str, items: Sequence[tuple[Mapping[str, JsonValue], bytes]]
+    ) -> list[EngineResult | EngineError]:
+        """Run ``items`` (params, input bytes) of ``kind``; one result or error per item."""
+        ...
+
+
 EngineFactory = Callable[[EngineOptions], Engine]
 
 #: Engines that ship with the executor: manifest engine name -> ``module:factory``.
@@ -139,3 +163,14 @@ def build_engine(target: str, options: EngineOptions) -> Engine:
     if not isinstance(engine, Engine):
         raise TypeError(f"{target} did not return an Engine (got {type(engine).__name__})")
     return engine
+
+
+def build_handler(target: str, options: EngineOptions) -> KindHandler:
+    """Import ``module:factory`` and call the factory with ``options``: a :class:`KindHandler`."""
+    module_name, _, attr = target.partition(":")
+    if not attr:
+        raise ValueError(f"handler target {target!r} is not 'module:factory'")
+    handler = getattr(importlib.import_module(module_name), attr)(options)
+    if not isinstance(handler, KindHandler):
+        raise TypeError(f"{target} did not return a KindHandler (got {type(handler).__name__})")
+    return handler

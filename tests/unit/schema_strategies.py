@@ -15,6 +15,7 @@ node_ids = st.text(min_size=1, max_size=30)
 offsets = st.integers(min_value=0, max_value=2**53 - 1)
 small = st.integers(min_value=0, max_value=10_000)
 epochs = st.integers(min_value=1, max_value=2**40)
+guarantees = st.sampled_from(["idempotent", "fenced", "at-most-once"])
 kinds = st.sampled_from(
     [bs.INFERENCE_KIND, "ninelives:actuate/set@1.0.0", "acme:valve.position/set@2.1.3"]
 )
@@ -100,13 +101,23 @@ records: st.SearchStrategy[Any] = st.one_of(
                   lambda offs: tuple(bs.BindingSwitch(at_input_offset=o, models={})
                                      for o in sorted(offs))),
               outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets,
-              chunks_from=st.lists(workload_ids, max_size=2).map(tuple)),
+              chunks_from=st.lists(workload_ids, max_size=2).map(tuple)).flatmap(
+        lambda spec: st.dictionaries(st.sampled_from(spec.effect_kinds or (bs.INFERENCE_KIND,)),
+                                     guarantees, max_size=2).map(
+            lambda g: spec.model_copy(update={"guarantees": g})
+            if set(g) <= set(spec.effect_kinds) else spec)),
     st.builds(bs.ClaimRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids,
-              spec_hash=hashes, spec_offset=offsets, from_seq=st.none() | offsets),
+              spec_hash=hashes, spec_offset=offsets, from_seq=st.none() | offsets,
+              forced=st.lists(st.text(max_size=20), max_size=2).map(tuple)),
     st.builds(bs.OutputRecord, header=headers, body=bodies),
     st.builds(bs.EffectRequest, header=headers, effect_kind=kinds, model=st.none() | hashes,
               params=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
               input=st.none() | bodies, deadline_ms=st.integers(1, 10**9)),
+    headers.filter(lambda h: h.input_offset > 0).flatmap(lambda h: st.builds(
+        bs.EffectRequest, header=st.just(h), effect_kind=kinds, params=st.just({"set_point": 40}),
+        deadline_ms=st.integers(1, 10**9),
+        reissue_of=st.just(h.model_copy(update={"input_offset": h.input_offset - 1,
+                                                "epoch": 1}).effect_id))),
     headers.flatmap(lambda h: st.builds(
         bs.AcceptedRecord, effect_id=st.just(h.effect_id), header=st.just(h),
         request_offset=offsets, node_id=node_ids, lease_ms=st.integers(1, 10**6),
@@ -118,13 +129,32 @@ records: st.SearchStrategy[Any] = st.one_of(
               positions=st.dictionaries(st.sampled_from(["in", "resp"]), offsets)),
     st.builds(bs.TickRecord, workload_id=workload_ids, epoch=epochs, holder_id=node_ids),
     st.builds(bs.FactsRecord, node_id=node_ids,
-              kinds=st.lists(st.builds(bs.KindServed, kind=kinds, queue_limit=st.integers(1, 64)),
+              kinds=st.lists(st.builds(bs.KindServed, kind=kinds, queue_limit=st.integers(1, 64),
+                                       guarantee=st.none() | guarantees),
                              max_size=2).map(tuple),
               models_present=st.lists(hashes, max_size=2).map(tuple),
               models_loaded=st.lists(hashes, max_size=2).map(tuple),
               engines=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
               accelerators=st.lists(st.text(max_size=5), max_size=2).map(tuple),
               public_key=st.just("MCowBQYDK2VwAyEA"), key_id=hashes, updated_us=offsets),
+    headers.flatmap(lambda h: st.builds(
+        bs.AlarmRecord, alarm_id=st.just(h.effect_id), workload_id=st.just(h.workload_id),
+        header=st.just(h), effect_kind=kinds, guarantee=guarantees, request_offset=offsets,
+        reissue_of=st.none() | st.just(f"{h.workload_id}/0/0@1"),
+        accepted_by=st.none() | node_ids, reason=st.text(max_size=30), raised_by=node_ids,
+        raised_us=offsets)),
+    st.builds(bs.AlarmAckRecord, alarm_id=st.just("cam-1/4/1@2"), acked_by=node_ids,
+              note=st.text(max_size=20), acked_us=offsets),
+    st.builds(bs.ActuatorMemoryRecord, node_id=node_ids, entry=st.just("epoch"),
+              device=st.just("valve-1"), workload_id=workload_ids, epoch=epochs,
+              written_us=offsets),
+    st.builds(bs.ActuatorMemoryRecord, node_id=node_ids,
+              entry=st.sampled_from(["attempt", "done", "cleared"]), device=st.just("gate-1"),
+              workload_id=st.just("cam-1"), epoch=epochs, effect_id=st.just("cam-1/3/1@2"),
+              request_effect_id=st.none() | st.just("cam-1/9/0@2"),
+              written_us=offsets).map(
+        lambda m: m.model_copy(update={"output": bs.InlineBody.of_json({"read_back": 40})})
+        if m.entry == "done" else m),
     st.builds(bs.RejectedRecord, topic=st.just("wl.x.out"), partition=st.just(0), offset=offsets,
               code=st.sampled_from([*bs.DECODE_CODES, "wrong_workload"]),
               detail=st.text(max_size=30),

@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = ("broker_schema", "fx_integer", "executor", "workload_sdk", "fx_kafka", "fx_cli")
-SERVICES = ("executor", "workload_sdk", "fx_kafka", "fx_cli")
+OURS = ("broker_schema", "fx_integer", "executor", "actuator", "workload_sdk", "fx_kafka",
+        "fx_cli")
+SERVICES = ("executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli")
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,12 @@ def _problems() -> Iterator[str]:
                 yield f"{where} (broker_schema imports nothing of ours)"
             if {here, there} == {"executor", "workload_sdk"}:
                 yield f"{where} (executor and workload_sdk never import each other)"
-            if here == "fx_kafka" and there in ("executor", "workload_sdk", "fx_integer"):
+            if {here, there} == {"actuator", "workload_sdk"}:
+                yield f"{where} (the actuator gateway and workload_sdk never import each other)"
+            if here == "executor" and there == "actuator":
+                yield f"{where} (the gateway reuses the executor, never the other way)"
+            if here == "fx_kafka" and there in ("executor", "actuator", "workload_sdk",
+                                                 "fx_integer"):
                 yield f"{where} (fx_kafka knows neither side)"
             if there == "fx_cli":
                 yield f"{where} (only fx_cli imports fx_cli)"
@@ -262,9 +268,10 @@ def test_fx_integer_loads_no_service() -> None:
 #: package -> what importing every one of its modules must not load
 CLOSURES = {
     "broker_schema": tuple(p for p in OURS if p != "broker_schema"),
-    "executor": ("workload_sdk", "fx_cli"),
-    "workload_sdk": ("executor", "fx_cli"),
-    "fx_kafka": ("executor", "workload_sdk", "fx_integer", "fx_cli"),
+    "executor": ("workload_sdk", "actuator", "fx_cli"),
+    "actuator": ("workload_sdk", "fx_cli"),
+    "workload_sdk": ("executor", "actuator", "fx_cli"),
+    "fx_kafka": ("executor", "actuator", "workload_sdk", "fx_integer", "fx_cli"),
 }
 
 

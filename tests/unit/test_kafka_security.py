@@ -129,6 +129,11 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
     # the key history is the operator's (with the fleet key); no service writes it
     assert allowed(op, W, "sys.keys") and allowed(op, R, "sys.keys")
     assert not allowed(ex, W, "sys.keys") and not allowed(ho, W, "sys.keys")
+    # alarms: the holder raises them with its unknown, the operator acknowledges them
+    assert allowed(ho, W, "sys.alarms") and allowed(op, W, "sys.alarms")
+    assert not allowed(ex, W, "sys.alarms")
+    # an actuator gateway (the executor role) keeps its memory
+    assert allowed(ex, W, "sys.actuator.gw-1") and allowed(ex, R, "sys.actuator.gw-1")
     assert AclBinding(ho, ResourceType.TRANSACTIONAL_ID, "fx-holder.w", PatternType.LITERAL,
                       W) in plan
     assert AclBinding(ex, ResourceType.GROUP, "fx-executor.", PatternType.PREFIXED,

@@ -36,7 +36,8 @@ async def test_a_fence_without_a_newer_claim_rejoins_at_the_same_epoch(
                                effect_kinds=(INFERENCE_KIND,), models={"m": MODEL},
                                snapshot_every=2) as h:
         holder = LeaseHolder(Grower(), HolderConfig(bootstrap=h.bootstrap,
-                                                    workload_id=h.workload_id, holder_id="a"))
+                                                    workload_id=h.workload_id, holder_id="a",
+                                                    force_placement=True))
         stop = asyncio.Event()
         task = asyncio.create_task(holder.run(stop))
         try:
@@ -68,7 +69,8 @@ async def test_a_fence_after_a_newer_claim_stays_down(
     async with WorkloadHarness(kafka_bootstrap, unique_workload_id, MODULE,
                                effect_kinds=(INFERENCE_KIND,), models={"m": MODEL}) as h:
         holder = LeaseHolder(Grower(), HolderConfig(bootstrap=h.bootstrap,
-                                                    workload_id=h.workload_id, holder_id="a"))
+                                                    workload_id=h.workload_id, holder_id="a",
+                                                    force_placement=True))
         task = asyncio.create_task(holder.run(asyncio.Event()))
         await asyncio.wait_for(holder.ready.wait(), 60)
         await _bump_producer_epoch(h.bootstrap, h.workload_id)

@@ -63,7 +63,7 @@ def _outputs(log: WorkloadLog) -> list[object]:
 async def _start(h: WorkloadHarness, holder_id: str) -> tuple[LeaseHolder, asyncio.Event,
                                                               asyncio.Task[None]]:
     holder = LeaseHolder(Grower(), HolderConfig(bootstrap=h.bootstrap, workload_id=h.workload_id,
-                                                holder_id=holder_id))
+                                                holder_id=holder_id, force_placement=True))
     stop = asyncio.Event()
     task = asyncio.create_task(holder.run(stop))
     ready = asyncio.create_task(holder.ready.wait())

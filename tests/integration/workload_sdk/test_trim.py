@@ -97,7 +97,8 @@ async def _start(h: WorkloadHarness, holder_id: str, **config: object
                  ) -> tuple[LeaseHolder, asyncio.Event, asyncio.Task[None]]:
     holder = LeaseHolder(RefAsker(), HolderConfig(bootstrap=h.bootstrap,
                                                   workload_id=h.workload_id,
-                                                  holder_id=holder_id, **config))  # type: ignore[arg-type]
+                                                  holder_id=holder_id, force_placement=True,
+                                                  **config))  # type: ignore[arg-type]
     stop = asyncio.Event()
     task = asyncio.create_task(holder.run(stop))
     ready = asyncio.create_task(holder.ready.wait())
@@ -287,7 +288,8 @@ async def test_a_topic_with_retention_shorter_than_the_horizon_is_refused(
     async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND,),
                                models={"m": MODEL}) as h:
         holder = LeaseHolder(RefAsker(), HolderConfig(bootstrap=kafka_bootstrap,
-                                                      workload_id=wid, holder_id="refused"))
+                                                      workload_id=wid, holder_id="refused",
+                                                      force_placement=True))
         with pytest.raises(RetentionTooShortError, match="forever"):
             await asyncio.wait_for(holder.run(asyncio.Event()), 60)
         assert h.epochs(await h.read_log()) == []

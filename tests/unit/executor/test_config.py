@@ -91,3 +91,12 @@ def test_a_node_id_that_cannot_name_its_ledger_is_refused_at_load() -> None:
     for bad in ("exec a", "exec/a", "ex\u00e9c", "sys\x00x"):
         with pytest.raises(ConfigError, match="ledger"):
             load_config(environ={}, node_id=bad)
+
+
+def test_a_handler_must_be_for_a_kind_served() -> None:
+    kind = "acme:digest/run@1.0.0"
+    cfg = load_config(environ={}, kinds={INFERENCE_KIND: 4, kind: 2},
+                      handlers={kind: "some.module:Handler"})
+    assert cfg.handlers == {kind: "some.module:Handler"}
+    with pytest.raises(ConfigError, match="not in kinds"):
+        load_config(environ={}, handlers={kind: "some.module:Handler"})

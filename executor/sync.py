@@ -1,0 +1,103 @@
+"""Catching up on a workload's ``.claims`` and ``.spec`` (and a shadow evaluation's ``.eval``)
+before deciding on one of its requests: the state fencing rests on. One reader for the executor
+and the actuator gateway.
+
+:class:`ClaimsSpecReader` reads the topics up to their end offsets at the time of the call into
+an :class:`~executor.core.ExecutorState`; :func:`catch_up` retries a read that fails (a broker
+error, a read that does not reach the end in ``attempt_s``) with backoff until it succeeds:
+deciding on a stale spec or epoch would be a guessed outcome, so a request waits, unsettled,
+meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from broker_schema import DecodeError, topics
+from broker_schema.codec import decode
+from broker_schema.records import ClaimRecord, ShadowEvalRecord, ShadowReportRecord, SpecRecord
+from executor.core import ExecutorState
+
+__all__ = ["ClaimsSpecReader", "catch_up"]
+
+log = logging.getLogger(__name__)
+
+
+async def catch_up(read: Callable[[str, str | None], Awaitable[None]], workload_id: str,
+                   shadow: str | None, *, on_failure: Callable[[], None],
+                   attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
+    """``await read(workload_id, shadow)`` until one attempt succeeds within ``attempt_s``;
+    each failure calls ``on_failure`` (a metric) and waits, doubling from 0.5 s up to
+    ``max_backoff_s``."""
+    delay = 0.5
+    while True:
+        try:
+            await asyncio.wait_for(read(workload_id, shadow), attempt_s)
+            return
+        except (TimeoutError, KafkaError) as exc:
+            on_failure()
+            log.error("could not catch up on claims/spec of %s: %r; retrying in %.1f s "
+                      "(no request of it is decided meanwhile)", workload_id, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_backoff_s)
+
+
+class ClaimsSpecReader:
+    """Reads ``.claims`` and ``.spec`` of the workloads seen so far with one side consumer
+    (``side``, assigned here) and looks end offsets up with ``probe`` (a consumer that fetches
+    nothing). ``on_undecodable(code)`` counts a record that does not decode."""
+
+    def __init__(self, state: ExecutorState, side: AIOKafkaConsumer, probe: AIOKafkaConsumer,
+                 *, on_undecodable: Callable[[str], None]) -> None:
+        self.state, self.side, self.probe = state, side, probe
+        self.on_undecodable = on_undecodable
+        self._lock = asyncio.Lock()
+        self._watched: dict[str, list[TopicPartition]] = {}
+
+    async def read(self, workload_id: str, shadow: str | None = None) -> None:
+        """One attempt: read ``workload_id``'s ``.claims`` and ``.spec`` (and ``shadow``'s
+        ``.eval``) up to their end offsets now."""
+        async with self._lock:
+            tps = [TopicPartition(topics.claims(workload_id), 0),
+                   TopicPartition(topics.spec(workload_id), 0)]
+            if shadow is not None:
+                tps.append(TopicPartition(topics.shadow_stream(workload_id, shadow, "eval"), 0))
+            watch_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
+            if watch_key not in self._watched:
+                self._watched[watch_key] = tps
+                # Re-assigning resets positions to the beginning: reading again is idempotent.
+                self.side.assign([tp for group in self._watched.values() for tp in group])
+            end = await self.probe.end_offsets(tps)
+            while True:
+                behind = [tp for tp in tps if await self.side.position(tp) < end[tp]]
+                if not behind:
+                    return
+                data = await self.side.getmany(*behind, timeout_ms=1000)
+                for _tp, msgs in data.items():
+                    for msg in msgs:
+                        self._observe(workload_id, msg)
+
+    def _observe(self, workload_id: str, msg: Any) -> None:
+        try:
+            record = decode(msg.value)
+        except DecodeError as exc:
+            log.warning("undecodable record at %s offset %d: %s", msg.topic, msg.offset, exc)
+            self.on_undecodable(exc.code)
+            return
+        if isinstance(record, ClaimRecord) and record.workload_id == workload_id:
+            self.state.observe_claim(record)
+        elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
+            self.state.observe_spec(record, msg.offset)
+        elif (isinstance(record, ShadowEvalRecord) and record.workload_id == workload_id
+              and msg.topic == topics.shadow_stream(workload_id, record.eval_id, "eval")):
+            self.state.observe_shadow(record)
+        elif isinstance(record, ShadowReportRecord):
+            pass  # an evaluation's result: nothing an executor decides on
+        else:
+            log.warning("unexpected %s record at %s offset %d", record.kind, msg.topic, msg.offset)

@@ -1,0 +1,50 @@
+"""Placement: may a holder claim a workload here and now? Pure (the holder reads ``sys.facts``).
+
+A workload is placed only where what it binds can run: every effect kind its spec binds is
+served by a live node (an executor or an actuator gateway) on ``sys.facts``, at the guarantee
+the spec declares for it (``SpecRecord.guarantees``), and every model hash of its latest binding
+(what its steps from the latest switch on name) is present on a live node that serves one of the
+kinds it binds. "Live": its latest facts were written at most ``max_age_s`` ago by the holder's
+clock (nodes republish every ``facts_interval_s``, 60 s by default). docs/actuation.md,
+"Placement".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from broker_schema import FactsRecord, SpecRecord
+
+__all__ = ["LATEST_BINDING", "live_facts", "placement_missing"]
+
+#: The input offset whose binding :func:`placement_missing` checks: past every switch.
+LATEST_BINDING = 2**53 - 1
+
+
+def live_facts(facts: Iterable[FactsRecord], *, now_us: int, max_age_s: float
+               ) -> list[FactsRecord]:
+    """Each node's latest facts (the last in log order), if written within ``max_age_s``."""
+    latest: dict[str, FactsRecord] = {}
+    for record in facts:
+        latest[record.node_id] = record
+    horizon = now_us - int(max_age_s * 1_000_000)
+    return [f for f in latest.values() if f.updated_us >= horizon]
+
+
+def placement_missing(spec: SpecRecord, facts: Iterable[FactsRecord], *, now_us: int,
+                      max_age_s: float) -> list[str]:
+    """What no live node serves, as ``kind <kind>``, ``kind <kind> as <guarantee>`` and
+    ``model <hash>``; empty when the workload can be placed."""
+    live = live_facts(facts, now_us=now_us, max_age_s=max_age_s)
+    missing: list[str] = []
+    for kind in spec.effect_kinds:
+        want = spec.guarantees.get(kind)
+        if not any(k.kind == kind and (want is None or k.guarantee == want)
+                   for f in live for k in f.kinds):
+            missing.append(f"kind {kind}" + (f" as {want}" if want else ""))
+    bound = set(spec.effect_kinds)
+    for model in sorted(set(spec.models_at(LATEST_BINDING).values())):
+        if not any(model in f.models_present and bound & {k.kind for k in f.kinds}
+                   for f in live):
+            missing.append(f"model {model}")
+    return missing
