@@ -121,7 +121,9 @@ async def _start(h: WorkloadHarness, holder_id: str, **config: object
                  ) -> tuple[LeaseHolder, asyncio.Event, asyncio.Task[None]]:
     holder = LeaseHolder(RefReader(), HolderConfig(bootstrap=h.bootstrap,
                                                    workload_id=h.workload_id,
-                                                   holder_id=holder_id, **config))  # type: ignore[arg-type]
+                                                   holder_id=holder_id,
+                                                   force_placement=True,  # no executor here
+                                                   **config))  # type: ignore[arg-type]
     stop = asyncio.Event()
     task = asyncio.create_task(holder.run(stop))
     ready = asyncio.create_task(holder.ready.wait())
