@@ -25,6 +25,7 @@ after a graceful stop (SIGTERM) the leaving member's LeaveGroup triggers the reb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -37,10 +38,11 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from aiokafka.errors import KafkaError
 
 from broker_schema import topics
 from fx_kafka.client import make_consumer
-from fx_kafka.retry import backoff_s
+from fx_kafka.retry import backoff_s, broker_unavailable
 from workload_sdk._api import Workload
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder
 
@@ -227,16 +229,46 @@ class HolderElection:
             return
         raise exc
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Take part until ``stop`` is set: hold the lease while elected, stand by otherwise."""
-        consumer = make_consumer(
+    def _consumer(self) -> Any:
+        return make_consumer(
             self.config.bootstrap, group_id=group_id_for(self.config.workload_id),
             partition_assignment_strategy=(_assignor_for(self),),
             session_timeout_ms=self.election.session_timeout_ms,
             heartbeat_interval_ms=self.election.heartbeat_interval_ms,
             auto_offset_reset="latest", enable_auto_commit=False,
         )
-        await consumer.start()
+
+    async def _start_consumer(self, stop: asyncio.Event) -> Any | None:
+        """A started election consumer. A candidate started while the broker is away (a
+        restart, an outage) waits for it, with backoff, instead of exiting: it has nothing to
+        lose by waiting, and a supervisor restarting it would only do the same."""
+        attempt = 0
+        while True:
+            consumer = self._consumer()
+            try:
+                await consumer.start()
+                return consumer
+            except KafkaError as exc:
+                await consumer.stop()
+                if not broker_unavailable(exc):
+                    raise
+                if stop.is_set():
+                    return None
+                attempt += 1
+                delay = backoff_s(attempt, cap_s=self.election.retry_cap_s)
+                log.warning("%s: broker unavailable for the election of %s (%r); trying again "
+                            "in %.1f s", self.config.holder_id, self.config.workload_id, exc,
+                            delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    return None  # asked to stop while it waited: nothing held, nothing to do
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take part until ``stop`` is set: hold the lease while elected, stand by otherwise."""
+        consumer = await self._start_consumer(stop)
+        if consumer is None:
+            return
         try:
             consumer.subscribe([self.topic], listener=_Listener(self))
             log.info("%s: candidate for the lease of %s (group %s)", self.config.holder_id,

@@ -111,3 +111,39 @@ async def test_one_of_three_holds_and_a_standby_takes_over(
     assert [c.epoch for c in _claims(log)] == [1, 2, 3]
     full = replay(FiletypeGate(), log, use_snapshots=False)
     assert compare_outputs(full, log) == []
+
+
+async def test_a_candidate_started_while_the_broker_is_away_waits_for_it(
+    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
+) -> None:
+    """A candidate whose broker is not there yet (a restart under way) waits, with backoff,
+    instead of exiting (the reduced fault run once saw a restarted candidate exit 1 when its
+    start fell inside a broker restart); it stops cleanly on SIGTERM while it waits."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    root = Path(__file__).resolve().parents[3]
+    log_path = tmp_path / "away.log"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workload_sdk", "workload", "run", MODULE, "--id",
+             unique_workload_id, "--holder-id", "away", "--bootstrap",
+             f"127.0.0.1:{dead_port}", "--force"],
+            cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while b"broker unavailable for the election" not in log_path.read_bytes():
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(2)
+            assert proc.poll() is None, log_path.read_text()[-3000:]  # still waiting
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM), log_path.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
