@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install kafka lint test test-unit test-integration demo schema broker-start broker-stop clean
+.PHONY: install system-deps kafka lint test test-unit test-integration demo schema broker-start broker-stop clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip download --no-deps --only-binary=:all: -d $(VENV)/model-wheels magika==0.6.1
 	touch $@
 
+# Debian packages the tests need (chromium, docker-compose, systemd-analyze, g++): installed
+# with apt-get when missing (deploy/system-packages.sh)
+system-deps:
+	bash deploy/system-packages.sh
+
 # Apache Kafka jars from Maven Central, cached under $${FX_CACHE_DIR:-~/.cache/ninelives-fx};
 # --mirror: MirrorMaker 2 and the project's transform for `fx mirror` (compiled: needs a JDK)
 kafka:
@@ -30,13 +35,13 @@ lint: install
 
 # Every test: unit, integration (a real broker: FX_KAFKA_BOOTSTRAP, else a local Apache Kafka
 # started for the session, else Redpanda through Docker), gpu (skipped without a device).
-test: install kafka
+test: install system-deps kafka
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install kafka
+test-integration: install system-deps kafka
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 demo: install kafka

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The Debian packages the tests need beyond Python and Java, installed when missing:
+#   chromium, chromium-driver  the console's browser tests (a real headless Chromium)
+#   docker-compose             `docker-compose config` validates docker-compose.yml (no engine)
+#   systemd                    `systemd-analyze verify` checks the units under deploy/systemd
+#   g++                        the CPU build of the integer engine's CUDA sources
+# Idempotent: prints what it installs; as root it runs apt-get, otherwise it prints the command
+# and exits 1 when something is missing.
+set -euo pipefail
+pkgs=(chromium chromium-driver docker-compose systemd g++)
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "system-packages: installing ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "system-packages: not root; run: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
