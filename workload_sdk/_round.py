@@ -45,7 +45,16 @@ from workload_sdk._core import (
     next_due_ms,
 )
 
-__all__ = ["MergedBatch", "alarms_for", "merge_batch", "outcomes_due", "tick_due"]
+__all__ = ["Answer", "MergedBatch", "alarms_for", "merge_batch", "outcomes_due", "tick_due"]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer a step saw: its effect, the effect's kind, and the outcome."""
+
+    effect_id: str
+    effect_kind: str
+    outcome: str
 
 
 @dataclass
@@ -58,6 +67,11 @@ class MergedBatch:
     output_at: list[int] = field(default_factory=list)
     #: effect ids whose answer a step saw in this batch
     delivered: list[str] = field(default_factory=list)
+    #: the answers a step saw in this batch, in order (for the holder's metrics)
+    answers: list[Answer] = field(default_factory=list)
+    #: records on ``.resp`` passed over in this batch, by reason (``not_an_answer``: an
+    #: ``accepted``, bookkeeping; the rest are answers no step will see)
+    passed_over_by: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     passed_over: int = 0
     snapshots: int = 0
@@ -119,6 +133,8 @@ def merge_batch(
         record = item.record
         delivered = (record.effect_id if isinstance(record, ResponseRecord)
                      and record.effect_id in core.pending else None)
+        answer = (None if delivered is None or not isinstance(record, ResponseRecord) else
+                  Answer(delivered, core.pending[delivered].effect_kind, record.outcome))
         try:
             applied = core.apply(item, epoch=epoch, spec=spec)
         except WorkloadError as exc:
@@ -139,8 +155,12 @@ def merge_batch(
             batch.steps += 1
             if delivered is not None:
                 batch.delivered.append(delivered)
+            if answer is not None:
+                batch.answers.append(answer)
         else:
             batch.passed_over += 1
+            reason = applied.decision.reason or "unknown"
+            batch.passed_over_by[reason] = batch.passed_over_by.get(reason, 0) + 1
         for out in applied.outputs:
             batch.output_at.append(len(batch.records))
             batch.records.append(("out", out))
