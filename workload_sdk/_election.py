@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -45,6 +45,9 @@ from fx_kafka.client import make_consumer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from workload_sdk._api import Workload
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder
+
+if TYPE_CHECKING:
+    from workload_sdk._holder_metrics import HolderMetrics
 
 __all__ = ["ElectionConfig", "ElectionStats", "HolderElection", "choose_leader", "group_id_for"]
 
@@ -143,9 +146,12 @@ class HolderElection:
     """One candidate: joins the election and runs a :class:`LeaseHolder` while elected."""
 
     def __init__(self, workload: Workload, config: HolderConfig,
-                 election: ElectionConfig | None = None) -> None:
+                 election: ElectionConfig | None = None,
+                 metrics: HolderMetrics | None = None) -> None:
         self.workload = workload
         self.config = config
+        #: handed to every holder this candidate runs; a stand-by reports ``fx_holder_leader 0``
+        self.metrics = metrics
         self.election = election or ElectionConfig()
         self.topic = topics.claims(config.workload_id)
         self.stats = ElectionStats()
@@ -155,6 +161,7 @@ class HolderElection:
         self._elected = False
         self._failures = 0
         self._retry_at = 0.0
+        self._joined = False
 
     @property
     def holding(self) -> bool:
@@ -168,6 +175,15 @@ class HolderElection:
         if not self.holding or self.holder is None:
             return None
         return self.holder.epoch or 0
+
+    def status(self) -> dict[str, Any]:
+        """For ``/readyz``: while elected and holding, the holder's (:meth:`LeaseHolder.status`);
+        otherwise ``standby``, ready once this candidate is in the election group."""
+        if self.holding and self.holder is not None:
+            return {**self.holder.status(), "elected": self._elected}
+        return {"ready": self._joined, "role": "standby" if self._joined else "starting",
+                "workload": self.config.workload_id, "holder_id": self.config.holder_id,
+                "epoch": None, "seq": None, "elected": self._elected}
 
     @property
     def elected(self) -> bool:
@@ -200,7 +216,7 @@ class HolderElection:
 
     def _start_holder(self) -> None:
         self._holder_stop = asyncio.Event()
-        self.holder = LeaseHolder(self.workload, self.config)
+        self.holder = LeaseHolder(self.workload, self.config, self.metrics)
         self.stats.terms += 1
         self.stats.elected_at.append(time.monotonic())
         self._task = asyncio.create_task(self.holder.run(self._holder_stop))
@@ -271,6 +287,9 @@ class HolderElection:
             return
         try:
             consumer.subscribe([self.topic], listener=_Listener(self))
+            self._joined = True
+            if self.metrics is not None:
+                self.metrics.lease(self.config.workload_id, held=False, epoch=0)
             log.info("%s: candidate for the lease of %s (group %s)", self.config.holder_id,
                      self.config.workload_id, group_id_for(self.config.workload_id))
             while not stop.is_set():
@@ -280,6 +299,7 @@ class HolderElection:
                 if self._elected and self._task is None and time.monotonic() >= self._retry_at:
                     self._start_holder()
         finally:
+            self._joined = False
             await self._stop_holder()
             await consumer.stop()  # LeaveGroup: a standby is elected at once
         self._reap()

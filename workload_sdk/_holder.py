@@ -62,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import (
@@ -80,6 +80,7 @@ from broker_schema import (
     EffectRequest,
     InputRecord,
     ResponseRecord,
+    SnapshotRecord,
     SpecRecord,
     TickRecord,
     decode,
@@ -88,7 +89,7 @@ from broker_schema import (
     topics,
 )
 from broker_schema.binding import switch_problem
-from fx_kafka.client import make_consumer, make_producer
+from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
     check_workload_topics,
@@ -106,11 +107,22 @@ from workload_sdk._core import (
 )
 from workload_sdk._kafka_io import read_facts, read_resume_log, read_topic
 from workload_sdk._logview import RefGap
+from workload_sdk._observe import (
+    DEFAULT_GROUP_PREFIXES,
+    PendingRequest,
+    executor_groups,
+    merge_lag,
+    outstanding_by_kind,
+    unread_requests,
+)
 from workload_sdk._placement import placement_missing
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import out_slots, replay, resume_outputs
 from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
 from workload_sdk._trim_io import trim_workload
+
+if TYPE_CHECKING:  # the metrics are the process's (cli), never needed to run the fold
+    from workload_sdk._holder_metrics import HolderMetrics
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +174,12 @@ class HolderConfig:
     binds; it waits up to ``placement_wait_s`` (None: for ever) for them, then raises
     :class:`Unplaced`. ``force_placement`` claims anyway and records what was missing in the
     claim (``ClaimRecord.forced``).
+
+    Metrics (when the holder is given a :class:`~workload_sdk._holder_metrics.HolderMetrics`):
+    every ``observe_every_s`` the shell asks the broker for the merge lag on ``.resp`` and the
+    committed offsets on ``.out`` of the consumer groups ``<prefix>.<kind>`` for each prefix of
+    ``executor_group_prefixes`` and each kind the spec binds (the executors' and actuator
+    gateways' ``group_prefix``), for ``fx_workload_unread_requests``.
     """
 
     bootstrap: str
@@ -177,6 +195,8 @@ class HolderConfig:
     force_placement: bool = False
     placement_wait_s: float | None = 30.0
     facts_max_age_s: float = 300.0
+    executor_group_prefixes: tuple[str, ...] = DEFAULT_GROUP_PREFIXES
+    observe_every_s: float = 3.0
 
 
 @dataclass
@@ -292,9 +312,12 @@ class LeaseHolder:
     chunk or stream record an input, an answer or the snapshot resumed from names cannot be read.
     """
 
-    def __init__(self, workload: Workload, config: HolderConfig) -> None:
+    def __init__(self, workload: Workload, config: HolderConfig,
+                 metrics: HolderMetrics | None = None) -> None:
         self.workload = workload
         self.config = config
+        #: updated by this shell from what the pure code returns (None: no metrics)
+        self.metrics = metrics
         self.epoch = 0
         self.spec: SpecRecord | None = None
         self.core: Core | None = None
@@ -317,6 +340,15 @@ class LeaseHolder:
         # the read position passes them only once everything before them is merged
         self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
         self._refs: RefResolver | None = None
+
+    def status(self) -> dict[str, Any]:
+        """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
+        role (``leader`` or ``starting``: claiming, resuming, or restarting from the log after
+        a broker outage), the epoch and the next merge seq."""
+        ready = self.ready.is_set()
+        return {"ready": ready, "role": "leader" if ready else "starting",
+                "workload": self.config.workload_id, "holder_id": self.config.holder_id,
+                "epoch": self.epoch, "seq": None if self.core is None else self.core.seq}
 
     # -- start-up ------------------------------------------------------------------------------
     async def _latest_spec(self) -> tuple[int, SpecRecord]:
@@ -362,6 +394,7 @@ class LeaseHolder:
                 self.epoch = kept
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
                          self.epoch, spec_offset)
+                self._lease_held(True)
                 return
         highest = max((c.epoch for c in claims), default=0)
         self.epoch = highest + 1
@@ -371,6 +404,7 @@ class LeaseHolder:
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
+        self._lease_held(True)
 
     async def _placement(self, spec: SpecRecord) -> list[str]:
         """Wait until live nodes serve what ``spec`` binds (:func:`placement_missing`); return
@@ -438,6 +472,13 @@ class LeaseHolder:
             self._note_outputs(missing, metas)
         for rec in wl["resp"]:
             self._observe_clock(rec.time_ms)
+        if self.metrics is not None:
+            for rec in reversed(list(wl["merge"])):  # the newest snapshot resumed from
+                with contextlib.suppress(DecodeError):
+                    if isinstance(decode(rec.value), SnapshotRecord):
+                        self.metrics.snapshot(cfg.workload_id, rec.time_ms / 1000)
+                        break
+            self._observe_outstanding()
         log.info("resumed %s at seq %d (snapshot seq %s, %d entries replayed, %d pending)",
                  cfg.workload_id, self.core.seq, result.snapshot_seq, result.entries,
                  len(self.core.pending))
@@ -490,7 +531,12 @@ class LeaseHolder:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Claim the workload, resume it, and merge until ``stop`` is set; restart from the log
         in this process after a broker outage (see the module docstring)."""
-        stop = stop or asyncio.Event()
+        try:
+            await self._run(stop or asyncio.Event())
+        finally:
+            self._lease_held(False)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         rejoin: int | None = None
         attempt = fences = 0
         fenced = False
@@ -534,6 +580,7 @@ class LeaseHolder:
     def _forget(self) -> None:
         """Drop every piece of in-memory state (a restart rebuilds it from the log)."""
         self.ready.clear()
+        self._lease_held(False)
         self.spec = None
         self.core = None
         self._requests = {}
@@ -567,6 +614,7 @@ class LeaseHolder:
         self._refs = RefResolver(cfg.bootstrap, chunk_dir=cfg.chunk_dir)
         consumer = None
         trimmer: asyncio.Task[None] | None = None
+        observer: asyncio.Task[None] | None = None
         try:
             await self._claim(rejoin, forced)
             await self._resume()
@@ -583,11 +631,14 @@ class LeaseHolder:
             self.ready.set()
             if cfg.trim_every_s is not None:
                 trimmer = asyncio.create_task(self._trim_loop(cfg.trim_every_s, stop))
+            if self.metrics is not None:
+                observer = asyncio.create_task(self._observe_loop(consumer, tp_resp, stop))
             await self._loop(consumer, tp_in, tp_resp, stop)
         finally:
-            if trimmer is not None:
-                trimmer.cancel()
-                await asyncio.gather(trimmer, return_exceptions=True)
+            for task in (trimmer, observer):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             if consumer is not None:
                 await consumer.stop()
             with contextlib.suppress(KafkaError, TimeoutError):
@@ -620,6 +671,74 @@ class LeaseHolder:
             if not plan.changes:
                 log.debug("trim of %s: nothing to delete (%s)", cfg.workload_id,
                           plan.note or "at the floor")
+
+    # -- metrics (the shell's; nothing here is decided on) -------------------------------------
+    def _lease_held(self, held: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.lease(self.config.workload_id, held=held, epoch=self.epoch)
+
+    def _pending_requests(self) -> list[PendingRequest]:
+        assert self.core is not None
+        return [PendingRequest(p.effect_kind, self._requests[eid].offset)
+                for eid, p in self.core.pending.items() if eid in self._requests]
+
+    def _observe_outstanding(self) -> None:
+        if self.metrics is None or self.core is None or self.spec is None:
+            return
+        self.metrics.set_outstanding(self.config.workload_id, outstanding_by_kind(
+            self.spec.effect_kinds, (p.effect_kind for p in self.core.pending.values())))
+
+    async def _observe_loop(self, consumer: Any, tp_resp: TopicPartition,
+                            stop: asyncio.Event) -> None:
+        """Every ``observe_every_s``: the merge lag on ``.resp`` and the executor groups'
+        unread requests on ``.out`` (one admin client for the holder's run). A failed round is
+        logged at DEBUG and tried again next time: metrics never stop the holder."""
+        cfg = self.config
+        admin = make_admin(cfg.bootstrap, request_timeout_ms=10_000)
+        started = False
+        try:
+            while not stop.is_set():
+                try:
+                    if not started:
+                        await asyncio.wait_for(admin.start(), timeout=15.0)
+                        started = True
+                    await asyncio.wait_for(self._observe_once(admin, consumer, tp_resp),
+                                           timeout=15.0)
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    log.debug("metrics round of %s failed (next in %.0f s): %r",
+                              cfg.workload_id, cfg.observe_every_s, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=cfg.observe_every_s)
+        finally:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                await asyncio.wait_for(admin.close(), timeout=5.0)
+
+    async def _observe_once(self, admin: Any, consumer: Any, tp_resp: TopicPartition) -> None:
+        cfg, metrics = self.config, self.metrics
+        assert metrics is not None
+        wid = cfg.workload_id
+        ends = await consumer.end_offsets([tp_resp])
+        lag = merge_lag(ends.get(tp_resp), await consumer.position(tp_resp))
+        if lag is not None:
+            metrics.set_merge_lag(wid, lag)
+        self._observe_outstanding()
+        if self.core is None or self.spec is None:
+            return
+        existing = {g[0] for g in await admin.list_consumer_groups()}
+        groups = executor_groups(cfg.executor_group_prefixes, self.spec.effect_kinds,
+                                 existing)
+        tp_out = TopicPartition(topics.out(wid), 0)
+        committed: dict[str, int | None] = {}
+        for group in groups:
+            if group not in existing:
+                committed[group] = None
+                continue
+            offsets = await admin.list_consumer_group_offsets(group, partitions=[tp_out])
+            meta = offsets.get(tp_out)
+            committed[group] = None if meta is None else meta.offset
+        if self.core is not None:
+            metrics.set_unread(wid, unread_requests(groups, committed,
+                                                    self._pending_requests()))
 
     async def _loop(self, consumer: Any, tp_in: TopicPartition, tp_resp: TopicPartition,
                     stop: asyncio.Event) -> None:
@@ -689,10 +808,14 @@ class LeaseHolder:
             record = decode(msg.value)
         except DecodeError as exc:
             log.warning("skipping undecodable record at %s@%d: %s", msg.topic, msg.offset, exc)
+            if source == "resp" and self.metrics is not None:
+                self.metrics.skipped(self.config.workload_id, "undecodable")
             return None
         ok = (InputRecord,) if source == "in" else (AcceptedRecord, ResponseRecord, TickRecord)
         if not isinstance(record, ok):
             log.warning("skipping a %s record on %s@%d", record.kind, msg.topic, msg.offset)
+            if source == "resp" and self.metrics is not None:
+                self.metrics.skipped(self.config.workload_id, "wrong_record")
             return None
         if source == "resp":
             self._observe_clock(msg.timestamp)
@@ -758,10 +881,13 @@ class LeaseHolder:
             self._now_resp_ms = batch.now_resp_ms
             if batch.tick_merged:
                 self._tick_inflight_since = None
-            for eid in batch.delivered:
-                if eid in self._requests:
-                    self.stats.roundtrips_ms.append(
-                        time.time() * 1000 - self._requests[eid].time_ms)
+            round_trips: list[tuple[str, float]] = []
+            now_ms = time.time() * 1000
+            for answer in batch.answers:
+                if answer.effect_id in self._requests:
+                    ms = now_ms - self._requests[answer.effect_id].time_ms
+                    self.stats.roundtrips_ms.append(ms)
+                    round_trips.append((answer.effect_kind, ms / 1000))
             self.stats.steps += batch.steps
             self.stats.passed_over += batch.passed_over
             assert self._refs is not None
@@ -788,6 +914,14 @@ class LeaseHolder:
                                            for stream, rec in batch.records])
                 self.stats.outputs += len(batch.output_at)
                 self._note_outputs(batch.outputs, [metas[i] for i in batch.output_at])
+            if self.metrics is not None:
+                # after the commit: what the merge log now says
+                self.metrics.merged(wid, batch.answers, batch.passed_over_by, round_trips)
+                snaps = [metas[i] for i, (_, rec) in enumerate(batch.records)
+                         if isinstance(rec, SnapshotRecord)] if batch.records else []
+                if snaps:
+                    self.metrics.snapshot(wid, snaps[-1].timestamp / 1000)
+                self._observe_outstanding()
             if batch.failure is not None:
                 raise batch.failure
             if not batch.records:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_schema import InputRecord, SpecRecord, encode, topics
 from fx_kafka.client import make_producer
@@ -36,10 +38,14 @@ from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
 from workload_sdk._logview import LogGap, RefGap, WorkloadLog
+from workload_sdk._observe import DEFAULT_GROUP_PREFIXES
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
 from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import render_tree, why
+
+if TYPE_CHECKING:
+    from workload_sdk._holder_http import HolderServer
 
 EXIT_DIFF = 1
 EXIT_WORKLOAD = 2
@@ -78,19 +84,38 @@ def _run(args: argparse.Namespace) -> int:
                           check_module=not args.no_module_check, trim_every_s=args.trim_every,
                           chunk_dir=args.chunk_dir, ref_wait_s=args.ref_wait,
                           force_placement=args.force, placement_wait_s=args.placement_wait_s,
-                          facts_max_age_s=args.facts_max_age_s)
+                          facts_max_age_s=args.facts_max_age_s,
+                          executor_group_prefixes=tuple(args.executor_group_prefix
+                                                        or DEFAULT_GROUP_PREFIXES))
 
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        metrics = None
+        if args.http_port is not None:
+            from workload_sdk._holder_metrics import HolderMetrics
+
+            metrics = HolderMetrics()
+        runner: LeaseHolder | HolderElection
+        if args.no_elect:
+            runner = LeaseHolder(workload, config, metrics)
+        else:
+            election = ElectionConfig(session_timeout_ms=args.session_timeout_ms)
+            runner = HolderElection(workload, config, election, metrics)
+        tasks: list[asyncio.Task[None]] = []
+        server = None
+        if metrics is not None:
+            # bound before anything starts: a port in use ends the process, nothing claimed
+            server = _serve_http(args.http_host, args.http_port,
+                                 lambda: bool(tasks) and not tasks[0].done(), runner, metrics)
+            if server is None:
+                return EXIT_MISMATCH
+        task = asyncio.create_task(runner.run(stop))
+        tasks.append(task)
         try:
-            if args.no_elect:
-                await LeaseHolder(workload, config).run(stop)
-            else:
-                election = ElectionConfig(session_timeout_ms=args.session_timeout_ms)
-                await HolderElection(workload, config, election).run(stop)
+            await task
         except Fenced as exc:
             print(f"fenced: {exc}", file=sys.stderr, flush=True)
             return EXIT_FENCED
@@ -113,9 +138,34 @@ def _run(args: argparse.Namespace) -> int:
         except LocalModelUnavailable as exc:
             print(f"cannot run the step: {exc}", file=sys.stderr, flush=True)
             return EXIT_MISMATCH
+        finally:
+            if server is not None and server.serving is not None:
+                server.server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.serving, timeout=5.0)
         return 0
 
     return asyncio.run(main())
+
+
+def _serve_http(host: str, port: int, live: Callable[[], bool],
+                runner: LeaseHolder | HolderElection, metrics: Any) -> HolderServer | None:
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` in the running event loop; the server,
+    or None (said on stderr) when it cannot bind ``host:port``."""
+    from workload_sdk._holder_http import HolderServer, create_app
+
+    app = create_app(live=live, status=runner.status, metrics=metrics.render)
+    server = HolderServer(app, host, port)
+    try:
+        server.bind()
+    except OSError as exc:
+        print(f"cannot run: cannot serve HTTP on {host}:{port}: {exc}", file=sys.stderr,
+              flush=True)
+        return None
+    server.serving = asyncio.create_task(server.serve())
+    print(f"serving /metrics, /healthz, /readyz on http://{host}:{server.port}",
+          file=sys.stderr, flush=True)
+    return server
 
 
 def _spec(args: argparse.Namespace) -> int:
@@ -499,6 +549,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "giving up (exit 4; default 30; 0: do not wait)")
     run.add_argument("--facts-max-age-s", type=float, default=300.0, metavar="SECONDS",
                      help="facts older than this on sys.facts are not a live node (default 300)")
+    run.add_argument("--http-port", type=int, metavar="PORT",
+                     help="serve /metrics, /healthz and /readyz on this port (0: a free one, "
+                     "printed at start; default: no HTTP, since several holders and stand-bys "
+                     "often share a host: give each its own port)")
+    run.add_argument("--http-host", default="127.0.0.1", metavar="ADDR",
+                     help="the address to serve HTTP on (default 127.0.0.1; 0.0.0.0 for a "
+                     "scraper on another host)")
+    run.add_argument("--executor-group-prefix", action="append", metavar="PREFIX",
+                     help="metrics: the consumer groups <PREFIX>.<kind> whose unread requests "
+                     "on .out are reported (the executors' and gateways' group_prefix; "
+                     "repeatable; default fx-executor and fx-actuator)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 
