@@ -177,6 +177,10 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
         out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
+        # its metrics: the executors' and gateways' committed offsets on .out (list and
+        # fetch offsets; DESCRIBE reads, it never joins or commits)
+        out += _grant(_user(roles.holder), G, f"{roles.executor_group_prefix}.", PRE, D)
+        out += _grant(_user(roles.holder), G, f"{roles.actuator_group_prefix}.", PRE, D)
     for wid in dict.fromkeys(workloads):
         topics.check_workload_id(wid)
         if roles.executor:

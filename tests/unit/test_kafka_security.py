@@ -140,5 +140,10 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
                       R) in plan
     assert AclBinding(ho, ResourceType.GROUP, "fx-holder-elect.w", PatternType.LITERAL,
                       R) in plan
+    # the holder's metrics read the executors' committed offsets: describe only, never join
+    for prefix in ("fx-executor.", "fx-actuator."):
+        assert AclBinding(ho, ResourceType.GROUP, prefix, PatternType.PREFIXED,
+                          Operation.DESCRIBE) in plan
+        assert AclBinding(ho, ResourceType.GROUP, prefix, PatternType.PREFIXED, R) not in plan
     with pytest.raises(ValueError):
         plan_acls(Roles(), ["bad.id"])
