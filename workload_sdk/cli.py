@@ -4,7 +4,7 @@ Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a r
 (:class:`WorkloadError`); 3 a record replay needs is trimmed, missing or undecodable (``LogGap``),
 or a holder was fenced; 4 no spec / module mismatch, the fold disagrees with the merge log, or a
 workload topic's configuration is refused (``TopicConfigError``: producer-clock timestamps, or
-retention shorter than the audit horizon).
+retention shorter than the audit horizon), or ``--http-port`` cannot be bound.
 
 ``fx audit``: 0 every invariant checked holds (a skipped replay is said, not failed); 1 an
 invariant is violated; 2 a usage or read error (a bad ``--module`` or ``--fleet-key``, a broker

@@ -33,7 +33,7 @@ from aiokafka.errors import (
 from broker_schema import INFERENCE_KIND, OutputRecord, decode, encode, topics
 from broker_schema.records import InlineBody, InputRecord
 from fx_kafka.acl import Roles, apply_acls, describe_acls, plan_acls
-from fx_kafka.client import make_consumer, make_producer, wait_ready
+from fx_kafka.client import make_admin, make_consumer, make_producer, wait_ready
 from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
@@ -202,6 +202,27 @@ def _decisions(view: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
+async def _holder_sees_the_executor_commit(bootstrap: str, security: ClientSecurity) -> None:
+    group = f"fx-executor.{INFERENCE_KIND}"
+    tp = TopicPartition(topics.out(WA), 0)
+    admin = make_admin(bootstrap, security=security)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            groups = {g[0] for g in await admin.list_consumer_groups()}
+            offsets = (await admin.list_consumer_group_offsets(group, partitions=[tp])
+                       if group in groups else {})
+            if tp in offsets and offsets[tp].offset > 0:
+                break
+            assert time.monotonic() < deadline, (groups, offsets)
+            await asyncio.sleep(0.5)
+        # and no more than that: another workload's holder group stays hidden
+        assert not [g for g in groups if g.startswith("fx-holder-elect.") and WB in g], groups
+    finally:
+        await admin.close()
+
+
 async def test_the_normal_flow_works_with_each_role_its_own_user(
     kafka: LocalKafka, tmp_path: Path, magika_store: tuple[Path, str],
 ) -> None:
@@ -244,6 +265,9 @@ async def test_the_normal_flow_works_with_each_role_its_own_user(
                     (tmp_path / f"{n}.log").read_text()[-2000:]
                     for n in ("executor", "holder-secure-holder"))
                 await asyncio.sleep(0.3)
+            # the holder's metrics read the executor group's committed offset on .out (list
+            # groups, fetch offsets): its ACLs allow that, as holder-a
+            await _holder_sees_the_executor_commit(bootstrap, kafka.security_for("holder-a"))
             assert h.stop(holder) == 0
             h.stop(executor)
     labels = {d["label"] for d in decisions}
