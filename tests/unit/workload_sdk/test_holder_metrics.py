@@ -290,15 +290,15 @@ def test_the_metrics_have_the_agreed_names_and_labels_and_are_documented() -> No
     m.snapshot("w", time.time())
     m.set_unread("w", {"g": 0})
     found: dict[str, set[str]] = {}
-    for (name, labels), _ in _samples(m).items():
+    for name, sample_labels in _samples(m):
         base = name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
         if not name.endswith("_created"):
-            found.setdefault(base, set()).update(k for k, _ in labels if k != "le")
+            found.setdefault(base, set()).update(k for k, _ in sample_labels if k != "le")
     assert found == AGREED
     doc = (ROOT / "docs" / "operations.md").read_text()
     section = doc[doc.index("### The lease holder's metrics"):]
     section = section[:section.index("\n## ")]
-    for name, labels in AGREED.items():
-        rows = [line for line in section.splitlines() if line.startswith(f"| `{name}` |")]
-        assert len(rows) == 1, name
+    for metric, labels in AGREED.items():
+        rows = [line for line in section.splitlines() if line.startswith(f"| `{metric}` |")]
+        assert len(rows) == 1, metric
         assert {x.strip() for x in rows[0].split("|")[3].split(",")} == labels, rows[0]
