@@ -41,7 +41,7 @@ def test_dashboard_structure() -> None:
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     for p in dash["panels"]:
         pos = p["gridPos"]
-        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, p["title"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, p["title"]
     variables = {v["name"] for v in dash["templating"]["list"]}
     assert {"datasource", "workload"} <= variables
     for p in _panels():
