@@ -7,7 +7,8 @@ Run at image build time, after ``fx models import`` and ``fx models import-int``
 
 It runs ``fx models verify`` (every stored file re-hashed against its manifest) and
 ``fx models list --json``, and exits 1, naming the difference, when a pinned hash is missing or
-an unpinned model is present. Standard library only: it is a build step, not part of a service.
+an unpinned model is present. It runs with the project's venv (it reads hashes with
+``broker_schema``, the one home of their spelling).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from broker_schema import is_hash
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -28,10 +31,8 @@ def read_pins(path: Path) -> dict[str, str]:
             continue
         fields = line.split()
         digest = fields[0]
-        hexpart = digest.removeprefix("sha256:")
-        if not digest.startswith("sha256:") or len(hexpart) != 64 or len(fields) < 2:
-            raise ValueError(f"{path}:{number}: expected 'sha256:<64 hex> NAME', got {raw!r}")
-        int(hexpart, 16)
+        if not is_hash(digest) or len(fields) < 2:
+            raise ValueError(f"{path}:{number}: expected a content hash and a NAME, got {raw!r}")
         pins[digest] = fields[1]
     if not pins:
         raise ValueError(f"{path}: no pins")
