@@ -4,10 +4,13 @@
 #   docker-compose             `docker-compose config` validates docker-compose.yml (no engine)
 #   systemd                    `systemd-analyze verify` checks the units under deploy/systemd
 #   g++                        the CPU build of the integer engine's CUDA sources
+#   prometheus                 only for `promtool`: checks deploy/prometheus (config, rules, alert
+#                              unit tests); the Prometheus service Debian enables with it is
+#                              disabled again when this script installed it
 # Idempotent: prints what it installs; as root it runs apt-get, otherwise it prints the command
 # and exits 1 when something is missing.
 set -euo pipefail
-pkgs=(chromium chromium-driver docker-compose systemd g++)
+pkgs=(chromium chromium-driver docker-compose systemd g++ prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -25,3 +28,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# the tests use promtool only: a Prometheus server started by the package's install is not wanted
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  systemctl disable --now prometheus.service || true
+fi

