@@ -10,7 +10,8 @@ URLs name what they show, so they can be shared:
 * ``/w/<id>/receipts`` integer-engine receipts and chains; ``POST
   /w/<id>/receipts/<offset>/verify`` re-executes one on this machine's CPU.
 
-Bad input is a 400 page, what is not there a 404 page; neither is ever a 500.
+Bad input is a 400 page, what is not there a 404 page; neither is ever a 500. A broker that
+does not answer is a 503 page.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
@@ -63,7 +65,8 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         return templates.TemplateResponse(request, name, ctx, status_code=code)
 
     def error(request: Request, status: int, message: str) -> HTMLResponse:
-        title = {400: "Bad request", 404: "Not found"}.get(status, "Error")
+        title = {400: "Bad request", 404: "Not found", 405: "Method not allowed",
+                 503: "Broker unavailable"}.get(status, "Error")
         return page(request, "error.html", status, title=title, status=status, message=message)
 
     @app.exception_handler(BadInput)
@@ -79,6 +82,13 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}"
                              for e in exc.errors())
         return error(request, 400, problems)
+
+    @app.exception_handler(KafkaError)
+    @app.exception_handler(TimeoutError)
+    @app.exception_handler(ConnectionError)
+    async def _broker(request: Request, exc: Exception) -> HTMLResponse:
+        return error(request, 503, f"the broker at {bootstrap} did not answer: "
+                     f"{type(exc).__name__}: {exc}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
@@ -231,8 +241,9 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
             if r.kind == "request":
                 requests[rec.offset] = r
         facts = {f.node_id: f for f in cached.log.facts if isinstance(f, FactsRecord)}
-        # the receipts of the same node before it, so the chain link to its predecessor is
-        # checked (only the chosen one is re-executed: the others are not in ``responses``)
+        # the chosen response alone is checked and re-executed (the others would be re-executed
+        # too); its link to the node's previous receipt is a note there ("chain gap"), and the
+        # chain of every receipt on this workload is the table below
         vlog = VerifyLog(cached.log.workload_id, chosen, requests, facts)
         resolve = artifact_resolver(artifact=artifact, store=store)
         t0 = time.monotonic()

@@ -342,7 +342,7 @@ class Graph:
     inputs: list[dict[str, Any]] = field(default_factory=list)
 
 
-MAIN_W, SIDE_W, LINE_H, PAD, GAP = 600, 480, 15, 8, 26
+MAIN_W, SIDE_W, LINE_H, PAD, GAP = 650, 480, 15, 8, 26
 
 
 def _sig_verdict(sig: Mapping[str, Any]) -> tuple[str, str]:
@@ -432,18 +432,21 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
                     href("merge", snap["merge_offset"]) if "merge_offset" in snap else None))
     y = PAD
     edges: list[tuple[int, int, int, int]] = []
+    beside = dict(side)
     for n, box in enumerate(main):
         box.x, box.y, box.w = PAD, y, MAIN_W
         box.h = 2 * PAD + LINE_H * (1 + len(box.lines))
         if n:
             prev = main[n - 1]
             edges.append((prev.x + MAIN_W // 2, prev.y + prev.h, box.x + MAIN_W // 2, box.y))
-        y += box.h + GAP
-    for index, box in side:
-        anchor = main[index]
-        box.x, box.y, box.w = PAD + MAIN_W + 3 * GAP, anchor.y, SIDE_W
-        box.h = 2 * PAD + LINE_H * (1 + len(box.lines))
-        edges.append((anchor.x + MAIN_W, anchor.y + anchor.h // 2, box.x, box.y + box.h // 2))
+        row_h = box.h
+        other = beside.get(n)
+        if other is not None:  # beside its main box, the row as tall as the taller of the two
+            other.x, other.y, other.w = PAD + MAIN_W + 3 * GAP, y, SIDE_W
+            other.h = 2 * PAD + LINE_H * (1 + len(other.lines))
+            edges.append((box.x + MAIN_W, box.y + box.h // 2, other.x, other.y + other.h // 2))
+            row_h = max(row_h, other.h)
+        y += row_h + GAP
     height = max([b.y + b.h for b in main + [b for _, b in side]], default=0) + PAD
     return Graph(main + [b for _, b in side], edges, PAD * 2 + MAIN_W + 3 * GAP + SIDE_W,
                  height, inputs)

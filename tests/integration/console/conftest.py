@@ -233,15 +233,20 @@ def shoot(browser: Any, tmp_path: Path) -> Any:
     """``shoot(name)``: a full-page screenshot of the current page, to the test's tmp dir and to
     ``$FX_CONSOLE_SCREENSHOTS`` when set; returns the tmp path."""
     def take(name: str) -> Path:
-        height = browser.execute_script("return document.documentElement.scrollHeight")
-        browser.set_window_size(1400, min(max(int(height) + 40, 600), 4000))
+        import base64
+
+        # the whole page, not only the window: DevTools' screenshot beyond the viewport
+        size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        shot = browser.execute_cdp_cmd("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": min(size["width"], 1600),
+                     "height": min(size["height"], 4000), "scale": 1}})
         path = tmp_path / f"{name}.png"
-        assert browser.save_screenshot(str(path)), path
+        path.write_bytes(base64.b64decode(shot["data"]))
         target = os.environ.get("FX_CONSOLE_SCREENSHOTS")
         if target:
             Path(target).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, Path(target) / f"{name}.png")
-        browser.set_window_size(1400, 1000)
         assert path.stat().st_size > 10_000, "an empty screenshot"
         return path
 

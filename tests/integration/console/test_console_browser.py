@@ -33,6 +33,13 @@ def _status(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _click(browser: Any, element: Any) -> None:
+    """Click a link or button that loads a page, and wait until the new page replaced the old."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 600).until(ec.staleness_of(old))
+
+
 def _texts(browser: Any, css: str) -> list[str]:
     return [e.text for e in browser.find_elements(By.CSS_SELECTOR, css)]
 
@@ -61,7 +68,7 @@ def test_timeline_filters_pages_and_shared_links(browser: Any, console_url: str,
     shoot("timeline")
     # filter by outcome through the form, as a person would
     browser.find_element(By.CSS_SELECTOR, "input[name=outcome][value=timeout]").click()
-    browser.find_element(By.ID, "apply").click()
+    _click(browser, browser.find_element(By.ID, "apply"))
     outcomes = set(_texts(browser, "#timeline tr.row td:nth-child(4)"))
     assert outcomes == {"timeout"}, outcomes
     assert "outcome=timeout" in browser.current_url
@@ -69,7 +76,7 @@ def test_timeline_filters_pages_and_shared_links(browser: Any, console_url: str,
     browser.get(f"{console_url}/w/{wid}?size=3&page=0")
     first = _texts(browser, "#timeline tr.row td:nth-child(2)")
     assert len(first) == 3
-    browser.find_element(By.CSS_SELECTOR, "a.next").click()
+    _click(browser, browser.find_element(By.CSS_SELECTOR, "a.next"))
     second = _texts(browser, "#timeline tr.row td:nth-child(2)")
     assert second and not set(first) & set(second)
     # an offset range on one stream
@@ -93,8 +100,7 @@ def test_why_by_clicking_reaches_the_input_bytes(browser: Any, console_url: str,
     decisions = [e for e in browser.find_elements(By.CSS_SELECTOR, "#timeline tr.row")
                  if "decision" in e.text]
     assert decisions
-    decisions[0].find_element(By.CSS_SELECTOR, "a.why").click()
-    WebDriverWait(browser, 60).until(ec.presence_of_element_located((By.ID, "why-graph")))
+    _click(browser, decisions[0].find_element(By.CSS_SELECTOR, "a.why"))
     reached = browser.find_elements(By.CSS_SELECTOR, "#why-inputs li.input-reached")
     assert len(reached) == 1
     shas = {sha256_hex(data): offset for offset, data in magika_run.inputs.items()}
@@ -124,17 +130,17 @@ def test_verify_on_this_machine(browser: Any, console_url: str, llm_run: Run,
     assert browser.find_element(By.ID, f"receipt-{genuine}")
     assert browser.find_elements(By.CSS_SELECTOR, ".chain .cell.here")
     shoot("receipts")
-    browser.find_element(By.CSS_SELECTOR, f"button.verify[data-offset='{genuine}']").click()
-    result = WebDriverWait(browser, 600).until(
-        ec.presence_of_element_located((By.ID, "verify-result")))
+    _click(browser, browser.find_element(By.CSS_SELECTOR,
+                                         f"button.verify[data-offset='{genuine}']"))
+    result = browser.find_element(By.ID, "verify-result")
     assert "verify-ok" in result.get_attribute("class"), result.text
     assert "CHECKED" in result.text and "FAIL" not in result.text
     assert any("re-execut" in t or "oracle" in t
                for t in _texts(browser, "#verify-result li.check")), result.text
     shoot("verify-ok")
-    browser.find_element(By.CSS_SELECTOR, f"button.verify[data-offset='{tampered}']").click()
-    result = WebDriverWait(browser, 600).until(
-        ec.presence_of_element_located((By.ID, "verify-result")))
+    _click(browser, browser.find_element(By.CSS_SELECTOR,
+                                         f"button.verify[data-offset='{tampered}']"))
+    result = browser.find_element(By.ID, "verify-result")
     assert "verify-fail" in result.get_attribute("class"), result.text
     reasons = _texts(browser, "#verify-result li.reason")
     assert any("signature does not verify" in r for r in reasons), reasons

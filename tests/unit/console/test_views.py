@@ -154,8 +154,9 @@ def test_the_why_graph_runs_from_the_output_down_to_the_input_bytes(log: Workloa
     for b in graph.boxes:
         assert b.x >= 0 and b.y >= 0
         assert b.x + b.w <= graph.width and b.y + b.h <= graph.height
-    main = [b for b in graph.boxes if b.x == views.PAD]
-    assert all(a.y + a.h < b.y for a, b in itertools.pairwise(main))
+    for column in (views.PAD, views.PAD + views.MAIN_W + 3 * views.GAP):
+        boxes_in = sorted((b for b in graph.boxes if b.x == column), key=lambda b: b.y)
+        assert all(a.y + a.h < b.y for a, b in itertools.pairwise(boxes_in)), column
     assert len(graph.edges) == len(graph.boxes) - 1
 
 
