@@ -119,7 +119,8 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         q = request.query_params
         flt = views.parse_filter(q.getlist("kind"), q.getlist("outcome"), q.get("stream"),
                                  q.get("from"), q.get("to"))
-        size = views.parse_offset(q.get("size"), "size") or views.PAGE_SIZE
+        size = views.parse_offset(q.get("size"), "size")
+        size = views.PAGE_SIZE if size is None else size
         at_offset = views.parse_offset(q.get("at"), "at")
         at = None
         if at_offset is not None:
@@ -129,10 +130,10 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         pg = views.page_of(cached.rows, flt, page=views.parse_offset(q.get("page"), "page"),
                            size=size, at=at)
         base = [(k, v) for k, v in q.multi_items() if k not in ("page", "at")]
+        ends = {s: (cached.log[s].start, cached.log[s].end) for s in views.STREAM_ORDER}
         return page(request, "timeline.html", wid=cached.log.workload_id, page=pg, flt=flt,
                     kinds=views.KINDS, outcomes=views.OUTCOMES, streams=views.STREAM_ORDER,
-                    base=base, ends={s: (cached.log[s].start, cached.log[s].end)
-                                     for s in views.STREAM_ORDER})
+                    base=base, ends=ends, strip=views.offset_strip(cached.rows, ends))
 
     @app.get("/w/{wid}/r/{stream}/{offset}", response_class=HTMLResponse)
     async def record(request: Request, wid: str, stream: str, offset: str) -> HTMLResponse:

@@ -248,6 +248,45 @@ def page_of(rows: Sequence[Row], flt: Filter, *, page: int | None = None,
     return Page(chosen[page * size:(page + 1) * size], page, pages, len(chosen), size, at)
 
 
+#: Which outcome a strip bucket shows when it holds several: the one that most needs a look.
+SEVERITY = ("undecodable", "error", "unknown", "timeout", "backpressure", "passed_over", "ok",
+            "delivered", "accepted", "")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A stretch of offsets ``lo..hi`` of one stream on the offset strip: how many records it
+    holds and the outcome among them that most needs a look (:data:`SEVERITY`)."""
+
+    lo: int
+    hi: int
+    count: int
+    worst: str
+
+
+def offset_strip(rows: Iterable[Row], ends: Mapping[str, tuple[int, int]],
+                 buckets: int = 100) -> dict[str, list[Bucket]]:
+    """Each stream's offsets (``ends``: stream -> (log start, end)) cut into at most
+    ``buckets`` equal stretches, for the strip above the timeline: a whole log at a glance, each
+    stretch a link to its offset range."""
+    width = {s: max(1, -(-(end - start) // buckets)) for s, (start, end) in ends.items()}
+    found: dict[tuple[str, int], tuple[int, int]] = {}  # (stream, bucket) -> (count, severity)
+    for row in rows:
+        if row.stream not in ends:
+            continue
+        start = ends[row.stream][0]
+        key = (row.stream, (row.offset - start) // width[row.stream])
+        count, worst = found.get(key, (0, len(SEVERITY) - 1))
+        rank = SEVERITY.index(row.outcome) if row.outcome in SEVERITY else len(SEVERITY) - 1
+        found[key] = (count + 1, min(worst, rank))
+    out: dict[str, list[Bucket]] = {}
+    for stream, (start, end) in ends.items():
+        w = width[stream]
+        out[stream] = [Bucket(start + i * w, min(end, start + (i + 1) * w) - 1, c, SEVERITY[r])
+                       for (s, i), (c, r) in sorted(found.items()) if s == stream]
+    return out
+
+
 # ------------------------------------------------------------------------------ workloads page
 @dataclass
 class WorkloadSummary:

@@ -1,7 +1,8 @@
 """Recorded workloads on the real broker, ``fx console`` as a process, and a real Chromium.
 
 * ``magika_run``: the file-type gate with the real executor serving magika and a lease holder
-  (both processes); nobody serves the gate kind, so its requests end in recorded timeouts;
+  (both processes); nobody serves the gate kind, so its requests end in recorded timeouts; then
+  an actuator gateway (a process, in front of a simulated Modbus gate) publishes its facts;
 * ``llm_run``: the integer engine (SmolLM2-135M, CPU oracle) behind the executor answering a
   question with a signed, hash-chained receipt; then a tampered copy of that response (its
   answer text changed, its signature kept) appended to the same ``.resp``;
@@ -35,7 +36,9 @@ from typing import Any
 import pytest
 
 import broker_schema as bs
+from actuator.sim import SimulatedDevice
 from broker_schema import topics
+from workload_sdk._kafka_io import read_facts
 from workload_sdk.examples.filetype_gate import GATE_KIND
 from workload_sdk.testing import WorkloadHarness
 
@@ -111,7 +114,29 @@ async def magika_run(kafka_bootstrap: str, magika_store: tuple[Path, str],
             await asyncio.sleep(0.5)
         h.stop(holder)
         h.stop(executor)
-    run.extra["model_hash"] = model_hash
+        # an actuator gateway (a simulated Modbus gate) that publishes its facts: it serves the
+        # gate kind at-most-once, for another workload id, so this run's log stays as recorded
+        gateway_id = f"gw-{wid[-8:]}"
+        with SimulatedDevice(registers=4) as gate:
+            gw_cfg = work / "gateway.json"
+            gw_cfg.write_text(json.dumps({
+                "node_id": gateway_id, "bootstrap": kafka_bootstrap,
+                "topic_pattern": topics.out_pattern(f"{wid}-gw"),
+                "group_prefix": f"fx-console-gw-{wid}", "key_file": str(work / "gateway.key"),
+                "http_port": None, "metadata_max_age_ms": 500, "session_timeout_ms": 2000,
+                "heartbeat_interval_ms": 500, "facts_interval_s": 0,
+                "devices": {"gate-a": {"port": gate.port, "address": 0,
+                                       "values": {"closed": 0, "open": 1}}},
+                "kinds": {GATE_KIND: {"guarantee": "at-most-once", "devices": ["gate-a"]}},
+            }))
+            gateway = h.start_gateway("--config", str(gw_cfg))
+            deadline = time.monotonic() + 120
+            while not any(f.node_id == gateway_id for f in await read_facts(kafka_bootstrap)):
+                assert gateway.poll() is None, (work / "gateway.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (work / "gateway.log").read_text()[-3000:]
+                await asyncio.sleep(0.5)
+            h.stop(gateway)
+    run.extra.update(model_hash=model_hash, gateway=gateway_id)
     return run
 
 

@@ -65,6 +65,10 @@ def test_timeline_filters_pages_and_shared_links(browser: Any, console_url: str,
     assert {"input", "spec", "claim", "request", "accepted", "response", "merge",
             "output"} <= kinds
     assert browser.find_elements(By.CSS_SELECTOR, "tr.o-timeout")  # timeouts are visible
+    # the strip: every stream along its offsets, the timeouts' stretch of .resp marked; a
+    # stretch is a link to its offset range
+    assert browser.find_elements(By.CSS_SELECTOR, "#strip rect.bucket.o-timeout")
+    assert browser.find_elements(By.CSS_SELECTOR, "#strip rect.bucket.o-passed_over")
     shoot("timeline")
     # filter by outcome through the form, as a person would
     browser.find_element(By.CSS_SELECTOR, "input[name=outcome][value=timeout]").click()
@@ -157,6 +161,9 @@ def test_executors_and_gateways(browser: Any, console_url: str, magika_run: Run,
     assert "inference" in nodes[magika_node] and "executor" in nodes[magika_node]
     assert magika_run.extra["model_hash"][:23] in nodes[magika_node]
     assert f"int-{llm_run.workload_id[-8:]}" in nodes
+    gateway = nodes[magika_run.extra["gateway"]]
+    assert "gateway" in gateway and "acme:gate/set@1.0.0" in gateway
+    assert "at-most-once" in gateway and "pymodbus" in gateway
     shoot("executors")
 
 
@@ -175,6 +182,8 @@ def test_bad_input_is_a_clear_4xx_never_a_500(browser: Any, console_url: str,
         f"/w/{wid}?kind=bogus": 400,
         f"/w/{wid}?from=9&to=1": 400,
         f"/w/{wid}?at=3": 400,
+        f"/w/{wid}?size=0": 400,
+        f"/w/{wid}?size=x": 400,
         f"/w/{wid}/effect/nothing": 404,
         "/no/such/page": 404,
     }

@@ -48,3 +48,11 @@ async def test_a_broker_that_does_not_answer_is_a_503(client: httpx.AsyncClient)
 async def test_static_files_and_health(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).text == "ok\n"
     assert "verify-form" in (await client.get("/static/console.js")).text
+
+
+def test_fx_console_is_a_subcommand() -> None:
+    from fx_cli.main import build_parser
+
+    args = build_parser().parse_args(["console", "--bootstrap", "b:1", "--port", "9000"])
+    assert (args.bootstrap, args.port, args.host, args.refresh) == ("b:1", 9000, "127.0.0.1", 1.0)
+    assert args.func.__module__ == "console.cli"

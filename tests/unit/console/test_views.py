@@ -185,3 +185,20 @@ def test_node_facts_keep_the_latest_per_node_and_tell_gateways(log: WorkloadLog)
     assert [(n.node_id, n.role) for n in nodes] == [(fact.node_id, "executor"), ("gw", "gateway")]
     assert nodes[0].updated_us == newer.updated_us
     assert nodes[1].age_s == 2.0 and "at-most-once" in nodes[1].kinds[0]
+
+
+def test_the_offset_strip_covers_each_stream_and_shows_the_worst(log: WorkloadLog) -> None:
+    rows = rows_of(log)
+    ends = {s: (log[s].start, log[s].end) for s in views.STREAM_ORDER}
+    strip = views.offset_strip(rows, ends, buckets=4)
+    for stream, buckets in strip.items():
+        assert sum(b.count for b in buckets) == len(log[stream])
+        assert len(buckets) <= 4
+        start, end = ends[stream]
+        assert all(start <= b.lo <= b.hi < max(end, start + 1) for b in buckets)
+        for b in buckets:  # the worst outcome among the rows it holds
+            inside = [r.outcome for r in rows if r.stream == stream and b.lo <= r.offset <= b.hi]
+            assert len(inside) == b.count
+            assert b.worst == min(inside, key=views.SEVERITY.index)
+    worst_resp = {b.worst for b in strip["resp"]}
+    assert worst_resp & {"error", "timeout"}
