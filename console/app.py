@@ -47,6 +47,14 @@ def _ms(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
+def make_templates(bootstrap: str) -> Jinja2Templates:
+    """The console's Jinja2 templates (``console/templates``), with the helpers they use."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals["fmt_ms"] = _ms
+    templates.env.globals["bootstrap"] = bootstrap
+    return templates
+
+
 def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | None = None,
                refresh_s: float = 1.0) -> FastAPI:
     """The console for the cluster at ``bootstrap``. ``store``/``artifact``: where the verify
@@ -55,9 +63,7 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
     app = FastAPI(title="fx console", docs_url=None, redoc_url=None, openapi_url=None)
     cluster = Cluster(bootstrap, refresh_s=refresh_s)
     app.state.cluster = cluster
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals["fmt_ms"] = _ms
-    templates.env.globals["bootstrap"] = bootstrap
+    templates = make_templates(bootstrap)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     verify_lock = asyncio.Lock()
 
