@@ -126,6 +126,23 @@ def test_why_by_clicking_reaches_the_input_bytes(browser: Any, console_url: str,
         f"{topics.inputs(wid)}@{shas[sha]}")
 
 
+def test_why_of_an_integer_engine_answer_reaches_the_question(browser: Any, console_url: str,
+                                                              llm_run: Run) -> None:
+    wid = llm_run.workload_id
+    browser.get(f"{console_url}/w/{wid}?kind=output")
+    answers = [e for e in browser.find_elements(By.CSS_SELECTOR, "#timeline tr.row")
+               if "answer" in e.text]
+    assert len(answers) == 1
+    _click(browser, answers[0].find_element(By.CSS_SELECTOR, "a.why"))
+    (reached,) = browser.find_elements(By.CSS_SELECTOR, "#why-inputs li.input-reached")
+    (question,) = llm_run.inputs.values()
+    assert reached.find_element(By.CSS_SELECTOR, "code.sha").text == sha256_hex(question)
+    svg = browser.find_element(By.ID, "why-graph")
+    assert llm_run.extra["model_hash"] in svg.find_element(By.ID, "box-resp0").text
+    executor = svg.find_element(By.ID, "box-exec0").text
+    assert "signature valid" in executor and "integer" in executor
+
+
 def test_verify_on_this_machine(browser: Any, console_url: str, llm_run: Run,
                                 shoot: Any) -> None:
     wid = llm_run.workload_id
