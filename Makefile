@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps kafka lint test test-unit test-integration demo schema broker-start broker-stop clean
+.PHONY: install system-deps kafka lint test test-unit test-integration demo schema console-screenshots broker-start broker-stop clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ test-integration: install system-deps kafka
 
 demo: install kafka
 	$(BIN)/python -m fx_cli.demo
+
+# the console's browser tests, writing their screenshots to docs/console/ (docs/console.md)
+console-screenshots: install system-deps kafka
+	FX_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest tests/integration/console $(PYTEST_ARGS)
 
 schema: install
 	$(BIN)/fx schema export docs/schema

@@ -444,6 +444,14 @@ def main() -> int:
         ok &= asyncio.run(the_integer_engine(bootstrap, Path(tmp)))
         ok &= asyncio.run(the_edge_fallback(bootstrap, Path(tmp)))
     _say(f"demo: {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s")
+    kept = bool(os.environ.get("FX_KAFKA_BOOTSTRAP"))
+    _say("see the records in the web console (workloads, timelines, why by clicking, receipts "
+         "verified on this machine; docs/console.md):")
+    _say(f"   fx console --bootstrap {bootstrap}    # then open http://127.0.0.1:8470/")
+    if not kept:
+        _say("   (this run's broker stopped with the demo: `make broker-start`, then "
+             "`FX_KAFKA_BOOTSTRAP=<the address it prints> make demo` keeps the records for "
+             "the console)")
     return 0 if ok else 1
 
 

@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "executor.cli",
     "actuator.cli",
     "workload_sdk.cli",
+    "console.cli",
 )
 
 

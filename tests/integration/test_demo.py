@@ -23,3 +23,5 @@ def test_the_demo_runs_end_to_end(kafka_bootstrap: str) -> None:
     assert "demo: OK" in out
     # the receipts are verified against the node's pinned key, not merely checked
     assert "2/2 receipts verified" in out and "NOT AUTHENTICATED" not in out
+    # it ends with the command that opens the web console on this broker (docs/console.md)
+    assert f"fx console --bootstrap {kafka_bootstrap}" in done.stdout.strip().splitlines()[-1]

@@ -6,6 +6,9 @@
 * ``fx_integer`` imports no service (``executor``, ``workload_sdk``, ``fx_kafka``, ``fx_cli``),
   and the wire contract (``broker_schema``) only inside the functions that sign or verify;
 * only ``fx_cli`` imports ``fx_cli`` (it composes the others' commands);
+* ``console`` (``fx console``) is a top-level reader like ``fx_cli``: it may import
+  ``workload_sdk`` (the why walk) and ``executor`` (the receipt checks), and no part of ours
+  imports it;
 * no module of ours takes part in an import cycle, a lazy (function-level) import included.
 
 Read from the source (AST: every import statement, at module level or inside a function), and
@@ -30,8 +33,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("broker_schema", "fx_integer", "executor", "actuator", "workload_sdk", "fx_kafka",
-        "fx_cli")
-SERVICES = ("executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli")
+        "fx_cli", "console")
+SERVICES = ("executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli", "console")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ def _problems() -> Iterator[str]:
                 yield f"{where} (fx_kafka knows neither side)"
             if there == "fx_cli":
                 yield f"{where} (only fx_cli imports fx_cli)"
+            if there == "console":
+                yield f"{where} (nothing imports the console: fx_cli registers it by name)"
             if here == "fx_integer" and there in SERVICES:
                 yield f"{where} (the integer engine imports no service)"
             if here == "fx_integer" and there == "broker_schema" and imp.module_level:
@@ -258,7 +263,7 @@ def test_fx_integer_loads_no_service() -> None:
             getattr(fx_integer, name)
         clash = sorted(set(fx_integer.__all__) & {n.rsplit(".", 1)[1] for n in names})
         assert clash == [], f"public names that are also submodules: {clash}"
-        bad = loaded(["executor", "workload_sdk", "fx_kafka", "fx_cli"])
+        bad = loaded(["executor", "workload_sdk", "fx_kafka", "fx_cli", "console"])
         assert bad == [], bad
         print(len(names))
     """, SERVICES)
@@ -272,6 +277,7 @@ CLOSURES = {
     "actuator": ("workload_sdk", "fx_cli"),
     "workload_sdk": ("executor", "actuator", "fx_cli"),
     "fx_kafka": ("executor", "actuator", "workload_sdk", "fx_integer", "fx_cli"),
+    "console": ("actuator", "fx_cli"),
 }
 
 
