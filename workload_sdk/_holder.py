@@ -823,6 +823,9 @@ class LeaseHolder:
             try:
                 await asyncio.wait_for(self._read_keys(), timeout=30.0)
                 read = True
+            except asyncio.CancelledError:  # stopping or restarting: keep them for the next run
+                self._sig_pending[:0] = todo
+                raise
             except (KafkaError, OSError, TimeoutError) as exc:
                 # the first failure of a run at WARNING (a denied sys.keys would else go
                 # unseen), the rest at DEBUG
@@ -835,11 +838,16 @@ class LeaseHolder:
                 self._sig_keys_read = True
             if todo and (read or len(todo) + len(self._sig_pending) > 10_000):
                 # settled with the keys held now (a long outage: bounded memory)
-                for i in range(0, len(todo), self.SIGNATURE_CHUNK):
+                while todo:
+                    chunk, todo = todo[:self.SIGNATURE_CHUNK], todo[self.SIGNATURE_CHUNK:]
                     self._count_signatures(check_signatures(
-                        todo[i:i + self.SIGNATURE_CHUNK], self._sig_facts, self._sig_history,
+                        chunk, self._sig_facts, self._sig_history,
                         holder_ids=self._holder_ids, final=True))
-                    await asyncio.sleep(0)
+                    try:
+                        await asyncio.sleep(0)
+                    except asyncio.CancelledError:
+                        self._sig_pending[:0] = todo
+                        raise
             elif todo:
                 self._sig_pending[:0] = todo
             with contextlib.suppress(TimeoutError):

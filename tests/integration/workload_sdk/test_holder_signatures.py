@@ -134,3 +134,72 @@ async def test_the_holder_counts_genuine_signatures_and_forged_ones_by_reason(
 
         assert h.stop(holder) == 0
         h.stop(executor)
+
+
+async def test_with_a_fleet_key_the_holder_trusts_only_certified_node_keys(
+    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
+    magika_store: tuple[Path, str],
+) -> None:
+    """``--fleet-key``: the node's key certified on ``sys.keys`` verifies; a stranger's
+    signature, whatever key id it names, is ``invalid`` (no certificate), never
+    ``unknown_key``."""
+    from fx_kafka.keys import certify, publish
+
+    store, model_hash = magika_store
+    wid = unique_workload_id
+    prefix = f"fx-test-{wid}"
+    node = f"exec-{wid[:12]}"
+    node_key = SigningKey.generate()
+    assert node_key.write_new(tmp_path / "node.key")
+    fleet = SigningKey.generate()
+    await publish(kafka_bootstrap, certify(fleet, node, node_key.public_key))
+    config = {
+        "node_id": node, "bootstrap": kafka_bootstrap,
+        "topic_pattern": topics.out_pattern(wid), "group_prefix": prefix,
+        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
+        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
+        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
+        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
+    }
+    config_path = tmp_path / "executor.json"
+    config_path.write_text(json.dumps(config))
+    holder_log = tmp_path / "holder-fleet-holder.log"
+    logs = [holder_log, tmp_path / "executor.log"]
+    async with WorkloadHarness(
+        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
+        models={"filetype": model_hash}, log_dir=tmp_path, snapshot_every=2,
+    ) as h:
+        holder = h.start_holder("fleet-holder", "--http-port", "0", "--no-elect",
+                                "--executor-group-prefix", prefix,
+                                "--fleet-key", fleet.public_key.hex())
+        port = await asyncio.to_thread(_port_from, holder_log, time.monotonic() + 60)
+        base = f"http://127.0.0.1:{port}"
+        executor = h.start_executor("--config", str(config_path))
+        await h.send_input(FILES[0], source="upload")
+        good = await _until(
+            base, lambda s: (_value(s, "fx_holder_outcomes_total", workload=wid,
+                                    kind=INFERENCE_KIND, outcome="ok") or 0) >= 1
+            and (_value(s, "fx_holder_signatures_checked_total", workload=wid) or 0) >= 1,
+            "a genuine response checked against the fleet key", logs, timeout=180)
+        assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
+        for reason in ("invalid", "unknown_key", "unsigned"):
+            assert _failures(good, wid, reason) == 0, reason
+
+        view = await read_topic(kafka_bootstrap, topics.resp(wid))
+        real = next(r for r in (decode(x.value) for x in view)
+                    if isinstance(r, ResponseRecord) and r.signature is not None
+                    and r.outcome == "ok")
+        assert real.signature is not None and real.signature.key_id == node_key.key_id
+        stranger = SigningKey.generate()
+        bare = real.model_copy(update={"signature": None})
+        own = Signature(key_id=stranger.key_id,
+                        value=base64.b64encode(stranger.sign(bare.signing_bytes())).decode())
+        for sig in (own, own.model_copy(update={"key_id": node_key.key_id})):
+            await h.append(topics.resp(wid), encode(real.model_copy(update={"signature": sig})))
+        forged = await _until(base, lambda s: _failures(s, wid, "invalid") >= 2,
+                              "forged responses counted", logs, timeout=60)
+        assert _failures(forged, wid, "invalid") == 2
+        assert _failures(forged, wid, "unknown_key") == 0
+        assert "no fleet certificate on sys.keys gives node" in holder_log.read_text()
+        assert h.stop(holder) == 0
+        h.stop(executor)

@@ -143,3 +143,42 @@ def test_the_counters_start_at_zero_and_count_by_reason() -> None:
                   (("reason", "invalid"), ("workload", "w")))] == 3
     assert after[("fx_holder_signature_failures_total",
                   (("reason", "unknown_key"), ("workload", "w")))] == 0
+
+
+class _Built(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("flags", "check", "fleet"), [
+    ((), True, ()),
+    (("--no-signature-check",), False, ()),
+    (("--fleet-key", "ab" * 32), True, (bytes.fromhex("ab" * 32),)),
+])
+def test_fx_workload_run_checks_signatures_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], check: bool,
+    fleet: tuple[bytes, ...],
+) -> None:
+    from workload_sdk import cli
+
+    built: dict[str, object] = {}
+
+    def capture(**kw: object) -> None:
+        built.update(kw)
+        raise _Built
+
+    monkeypatch.delenv("FX_FLEET_PUBLIC_KEY", raising=False)
+    monkeypatch.setattr(cli, "HolderConfig", capture)
+    with pytest.raises(_Built):
+        cli.main(["workload", "run", "workload_sdk.examples.filetype_gate:FiletypeGate",
+                  "--id", "w", "--bootstrap", "127.0.0.1:1", *flags])
+    assert built["check_signatures"] is check and built["fleet_keys"] == fleet
+
+
+def test_a_bad_fleet_key_is_refused_before_anything_runs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from workload_sdk import cli
+
+    code = cli.main(["workload", "run", "workload_sdk.examples.filetype_gate:FiletypeGate",
+                     "--id", "w", "--bootstrap", "127.0.0.1:1", "--fleet-key", "not a key"])
+    assert code == cli.EXIT_MISMATCH
+    assert "cannot run: --fleet-key" in capsys.readouterr().err
