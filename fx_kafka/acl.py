@@ -15,7 +15,8 @@ executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an inpu
 holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
               describe their configs, delete records for ``fx trim``), its transactional id
               ``fx-holder.<id>`` and the election group ``fx-holder-elect.<id>``; reads
-              ``sys.facts`` (placement) and writes (and may create) ``sys.alarms`` (the alarm
+              ``sys.facts`` (placement, signature checks) and ``sys.keys`` (signature checks
+              with ``--fleet-key``) and writes (and may create) ``sys.alarms`` (the alarm
               of an at-most-once ``unknown``, in its transaction). One holder principal per
               workload keeps
               workloads apart: the holder of one cannot read or write another's streams.
@@ -176,6 +177,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(op, T, topics.ALARMS, LIT, W)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
+        # the node key history, for its signature checks with a fleet key (read only)
+        out += _grant(_user(roles.holder), T, topics.KEYS, LIT, R, D)
         out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
         # its metrics: the executors' and gateways' committed offsets on .out (list and
         # fetch offsets; DESCRIBE reads, it never joins or commits)

@@ -59,7 +59,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -78,6 +78,7 @@ from broker_schema import (
     ClaimRecord,
     DecodeError,
     EffectRequest,
+    FactsRecord,
     InputRecord,
     ResponseRecord,
     SnapshotRecord,
@@ -105,12 +106,16 @@ from workload_sdk._core import (
     next_due_ms,
     referenced_body,
 )
-from workload_sdk._kafka_io import read_facts, read_resume_log, read_topic
+from workload_sdk._kafka_io import read_facts, read_facts_since, read_resume_log, read_topic
 from workload_sdk._logview import RefGap
 from workload_sdk._observe import (
     DEFAULT_GROUP_PREFIXES,
     PendingRequest,
+    SignatureFailure,
+    SignatureTally,
+    check_signatures,
     executor_groups,
+    latest_keys,
     merge_lag,
     outstanding_by_kind,
     unread_requests,
@@ -122,6 +127,7 @@ from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
 from workload_sdk._trim_io import trim_workload
 
 if TYPE_CHECKING:  # the metrics are the process's (cli), never needed to run the fold
+    from broker_schema.key_history import KeyHistory
     from workload_sdk._holder_metrics import HolderMetrics
 
 log = logging.getLogger(__name__)
@@ -180,6 +186,16 @@ class HolderConfig:
     committed offsets on ``.out`` of the consumer groups ``<prefix>.<kind>`` for each prefix of
     ``executor_group_prefixes`` and each kind the spec binds (the executors' and actuator
     gateways' ``group_prefix``), for ``fx_workload_unread_requests``.
+
+    Signatures (``check_signatures``; off by default here, on in ``fx workload run`` unless
+    ``--no-signature-check``): the shell checks the signature of every response it reads from
+    ``.resp`` once resumed, as an observation only (nothing merged, replayed or simulated
+    depends on it), with the rule of ``fx why``/``fx audit``
+    (:func:`workload_sdk._observe.check_signatures`): against the keys on ``sys.facts``, read
+    again every ``observe_every_s``, or, given ``fleet_keys`` (the fleet public keys, as
+    ``--fleet-key``), against the key history they certify on ``sys.keys``. A response that
+    does not verify is checked once more after the keys are read again; failures are counted
+    (``fx_holder_signature_failures_total``) and logged at WARNING.
     """
 
     bootstrap: str
@@ -197,6 +213,8 @@ class HolderConfig:
     facts_max_age_s: float = 300.0
     executor_group_prefixes: tuple[str, ...] = DEFAULT_GROUP_PREFIXES
     observe_every_s: float = 3.0
+    check_signatures: bool = False
+    fleet_keys: tuple[bytes, ...] = ()
 
 
 @dataclass
@@ -230,6 +248,11 @@ class HolderStats:
     #: Periodic trims run (``HolderConfig.trim_every_s``), and those that failed.
     trims: int = 0
     trims_failed: int = 0
+    #: Response signatures checked (``HolderConfig.check_signatures``), and those that failed.
+    signatures_checked: int = 0
+    signature_failures: int = 0
+    #: Responses left unchecked because the checks fell too far behind (logged).
+    signatures_unchecked: int = 0
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
 
@@ -340,6 +363,17 @@ class LeaseHolder:
         # the read position passes them only once everything before them is merged
         self._skipped: dict[str, deque[int]] = {"in": deque(), "resp": deque()}
         self._refs: RefResolver | None = None
+        # signature checks (an observation of the shell: kept across restarts from the log)
+        self._holder_ids: set[str] = {config.holder_id}
+        self._sig_facts: list[FactsRecord] = []
+        self._sig_facts_next: int | None = None
+        self._sig_history: KeyHistory | None = None
+        self._sig_keys_read = False
+        self._sig_queue: deque[tuple[int, ResponseRecord]] = deque()
+        self._sig_queued = asyncio.Event()
+        self._sig_pending: list[tuple[int, ResponseRecord]] = []
+        self._sig_wake = asyncio.Event()
+        self._sig_said: dict[tuple[str, str], tuple[float, int]] = {}
 
     def status(self) -> dict[str, Any]:
         """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
@@ -380,6 +414,7 @@ class LeaseHolder:
         await check_workload_topics(cfg.bootstrap, cfg.workload_id,
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
+        self._holder_ids.update(c.holder_id for c in claims)  # whose timeouts are unsigned
         if rejoin is not None:
             try:
                 kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
@@ -615,6 +650,8 @@ class LeaseHolder:
         consumer = None
         trimmer: asyncio.Task[None] | None = None
         observer: asyncio.Task[None] | None = None
+        keys: asyncio.Task[None] | None = None
+        checker: asyncio.Task[None] | None = None
         try:
             await self._claim(rejoin, forced)
             await self._resume()
@@ -633,9 +670,14 @@ class LeaseHolder:
                 trimmer = asyncio.create_task(self._trim_loop(cfg.trim_every_s, stop))
             if self.metrics is not None:
                 observer = asyncio.create_task(self._observe_loop(consumer, tp_resp, stop))
+            if cfg.check_signatures:
+                if self.metrics is not None:
+                    self.metrics.signatures_on(cfg.workload_id)
+                keys = asyncio.create_task(self._keys_loop(stop))
+                checker = asyncio.create_task(self._signature_loop(stop))
             await self._loop(consumer, tp_in, tp_resp, stop)
         finally:
-            for task in (trimmer, observer):
+            for task in (trimmer, observer, keys, checker):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
@@ -687,6 +729,130 @@ class LeaseHolder:
             return
         self.metrics.set_outstanding(self.config.workload_id, outstanding_by_kind(
             self.spec.effect_kinds, (p.effect_kind for p in self.core.pending.values())))
+
+    # -- signatures (an observation: nothing merged depends on it) ------------------------------
+    #: Responses checked in one go before the event loop runs something else (a few ms).
+    SIGNATURE_CHUNK = 32
+    #: Most responses waiting to be checked; past it new ones are left unchecked (logged).
+    SIGNATURE_QUEUE_MAX = 50_000
+
+    def _check_signatures(self, responses: list[tuple[int, ResponseRecord]]) -> None:
+        """Queue what one read of ``.resp`` brought for :meth:`_signature_loop`: the merge
+        never waits for a signature check."""
+        room = self.SIGNATURE_QUEUE_MAX - len(self._sig_queue)
+        if room < len(responses):
+            self.stats.signatures_unchecked += len(responses) - max(room, 0)
+            log.warning("signature checks of %s behind by %d responses: %d left unchecked",
+                        self.config.workload_id, len(self._sig_queue),
+                        len(responses) - max(room, 0))
+            responses = responses[:max(room, 0)]
+        self._sig_queue.extend(responses)
+        self._sig_queued.set()
+
+    async def _signature_loop(self, stop: asyncio.Event) -> None:
+        """Check the queued responses, :attr:`SIGNATURE_CHUNK` at a time, yielding between
+        chunks; what does not verify waits for the keys to be read again (:meth:`_keys_loop`)."""
+        queue = self._sig_queue
+        while not stop.is_set():
+            await self._sig_queued.wait()
+            self._sig_queued.clear()
+            while queue:
+                chunk = [queue.popleft() for _ in range(min(len(queue), self.SIGNATURE_CHUNK))]
+                if not self._sig_keys_read:
+                    self._sig_pending.extend(chunk)
+                    self._sig_wake.set()
+                    continue
+                tally = check_signatures(chunk, self._sig_facts, self._sig_history,
+                                         holder_ids=self._holder_ids, final=False)
+                self._count_signatures(tally)
+                if tally.retry:
+                    self._sig_pending.extend(tally.retry)
+                    self._sig_wake.set()
+                await asyncio.sleep(0)
+
+    def _count_signatures(self, tally: SignatureTally) -> None:
+        self.stats.signatures_checked += tally.checked
+        self.stats.signature_failures += len(tally.failures)
+        if self.metrics is not None:
+            self.metrics.signatures(self.config.workload_id, tally.checked,
+                                    Counter(f.reason for f in tally.failures))
+        for failure in tally.failures:
+            self._warn_signature(failure)
+
+    #: At most one WARNING a node and reason this often (the rest are counted in the next).
+    SIGNATURE_WARN_EVERY_S = 10.0
+
+    def _warn_signature(self, f: SignatureFailure) -> None:
+        key = (f.node_id, f.reason)
+        now = time.monotonic()
+        last, suppressed = self._sig_said.get(key, (-float("inf"), 0))
+        if now - last < self.SIGNATURE_WARN_EVERY_S:
+            self._sig_said[key] = (last, suppressed + 1)
+            return
+        self._sig_said[key] = (now, 0)
+        more = (f" ({suppressed} more {f.reason} signature(s) of node {f.node_id!r} since the "
+                "last line)" if suppressed else "")
+        log.warning("signature %s: response for %s at %s@%d, node %r: %s%s", f.reason,
+                    f.effect_id, topics.resp(self.config.workload_id), f.offset, f.node_id,
+                    f.detail, more)
+
+    async def _read_keys(self) -> None:
+        cfg = self.config
+        if cfg.fleet_keys:
+            from fx_kafka.keys import read_history
+
+            self._sig_history = await read_history(cfg.bootstrap, list(cfg.fleet_keys))
+            return
+        facts, self._sig_facts_next = await read_facts_since(cfg.bootstrap,
+                                                             self._sig_facts_next)
+        if facts:
+            self._sig_facts = latest_keys([*self._sig_facts, *facts])
+
+    async def _keys_loop(self, stop: asyncio.Event) -> None:
+        """Read the keys (``sys.facts``, or ``sys.keys`` with fleet keys) every
+        ``observe_every_s``, and at once (at most once a second) when a response waits for a
+        re-read; then settle those that waited since before the read began. A failed read is
+        logged (WARNING the first time in a row) and tried again: signatures never stop the
+        holder."""
+        cfg = self.config
+        failing = False
+        while not stop.is_set():
+            started = time.monotonic()
+            todo, self._sig_pending = self._sig_pending, []
+            self._sig_wake.clear()
+            try:
+                await asyncio.wait_for(self._read_keys(), timeout=30.0)
+                read = True
+            except asyncio.CancelledError:  # stopping or restarting: keep them for the next run
+                self._sig_pending[:0] = todo
+                raise
+            except (KafkaError, OSError, TimeoutError) as exc:
+                # the first failure of a run at WARNING (a denied sys.keys would else go
+                # unseen), the rest at DEBUG
+                (log.debug if failing else log.warning)(
+                    "reading the keys for the signature checks of %s failed (tried again "
+                    "every %.0f s): %r", cfg.workload_id, cfg.observe_every_s, exc)
+                read = False
+            failing = not read
+            if read:
+                self._sig_keys_read = True
+            if todo and (read or len(todo) + len(self._sig_pending) > 10_000):
+                # settled with the keys held now (a long outage: bounded memory)
+                while todo:
+                    chunk, todo = todo[:self.SIGNATURE_CHUNK], todo[self.SIGNATURE_CHUNK:]
+                    self._count_signatures(check_signatures(
+                        chunk, self._sig_facts, self._sig_history,
+                        holder_ids=self._holder_ids, final=True))
+                    try:
+                        await asyncio.sleep(0)
+                    except asyncio.CancelledError:
+                        self._sig_pending[:0] = todo
+                        raise
+            elif todo:
+                self._sig_pending[:0] = todo
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sig_wake.wait(), timeout=cfg.observe_every_s)
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
     async def _observe_loop(self, consumer: Any, tp_resp: TopicPartition,
                             stop: asyncio.Event) -> None:
@@ -748,6 +914,7 @@ class LeaseHolder:
         topic_source = {tp_in: "in", tp_resp: "resp"}
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=self._poll_timeout_ms())
+            responses: list[tuple[int, ResponseRecord]] = []
             for tp, msgs in batch.items():
                 if tp not in topic_source:  # .spec: a binding change to adopt, or refuse
                     for msg in msgs:
@@ -756,6 +923,8 @@ class LeaseHolder:
                 source = topic_source[tp]
                 for msg in msgs:
                     item = self._decode(source, msg)
+                    if item is not None and isinstance(item.record, ResponseRecord):
+                        responses.append((msg.offset, item.record))
                     if item is not None:
                         item = await self._resolved(item, msg.topic, stop,
                                                     lambda: self._merge_available(bufs))
@@ -768,6 +937,8 @@ class LeaseHolder:
                         self._skipped[source].append(msg.offset)
                     else:
                         core.positions[source] = max(core.positions[source], msg.offset + 1)
+            if responses and cfg.check_signatures:
+                self._check_signatures(responses)
             await self._merge_available(bufs)
             self._inputs_waiting = bool(bufs["in"])
             await self._judge_and_tick()

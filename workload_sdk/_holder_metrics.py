@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from workload_sdk._observe import SIGNATURE_FAILURE_REASONS
 from workload_sdk._round import Answer
 
 __all__ = ["REJECTED_REASONS", "HolderMetrics"]
@@ -73,6 +74,16 @@ class HolderMetrics:
             "Requests on .out waiting for an answer that the executor consumer group serving "
             "their kind has not committed past (not read yet, or being answered)",
             ["workload", "group"], registry=r)
+        self.signatures_checked = Counter(
+            "fx_holder_signatures_checked",
+            "Responses read from .resp whose signature this holder checked (verified or "
+            "failed; a holder's own unsigned timeout/unknown is not checked)",
+            ["workload"], registry=r)
+        self.signature_failures = Counter(
+            "fx_holder_signature_failures",
+            "Responses read from .resp whose signature failed, by reason ("
+            + ", ".join(SIGNATURE_FAILURE_REASONS) + ")",
+            ["workload", "reason"], registry=r)
         self._unread_groups: dict[str, set[str]] = {}
         self._kinds: dict[str, set[str]] = {}
         self._snapshot_at: dict[str, float] = {}
@@ -108,6 +119,22 @@ class HolderMetrics:
     def skipped(self, workload: str, reason: str) -> None:
         """A record on ``.resp`` the shell skipped (``undecodable``, ``wrong_record``)."""
         self.rejected.labels(workload, reason).inc()
+
+    def signatures_on(self, workload: str) -> None:
+        """Signatures are checked for ``workload``: every series starts at 0 (an alert on
+        ``increase()`` sees the first failure)."""
+        self.signatures_checked.labels(workload).inc(0)
+        for reason in SIGNATURE_FAILURE_REASONS:
+            self.signature_failures.labels(workload, reason).inc(0)
+
+    def signatures(self, workload: str, checked: int, failed_by: Mapping[str, int]) -> None:
+        """Signatures checked, and failures by reason
+        (:func:`workload_sdk._observe.check_signatures`)."""
+        if checked:
+            self.signatures_checked.labels(workload).inc(checked)
+        for reason, n in failed_by.items():
+            if n:
+                self.signature_failures.labels(workload, reason).inc(n)
 
     def snapshot(self, workload: str, written_at_s: float) -> None:
         """The newest snapshot known was appended at ``written_at_s`` (Unix seconds)."""

@@ -48,6 +48,14 @@ async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
 async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]:
     """The facts records on ``sys.facts`` (all of them, latest last); empty if the topic is
     absent."""
+    return (await read_facts_since(bootstrap, None, timeout=timeout))[0]
+
+
+async def read_facts_since(bootstrap: str, start: int | None, *, timeout: float = 30.0
+                           ) -> tuple[list[FactsRecord], int | None]:
+    """The facts records on ``sys.facts`` from offset ``start`` (None: the log start), latest
+    last, and the offset to read from next time (``start`` again, and no records, if the topic
+    is absent)."""
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
@@ -55,9 +63,9 @@ async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]
     finally:
         await consumer.stop()
     if not present:
-        return []
+        return [], start
     facts: list[FactsRecord] = []
-    view = await read_topic(bootstrap, topics.FACTS, timeout=timeout)
+    view = await read_topic(bootstrap, topics.FACTS, start=start, timeout=timeout)
     for rec in view:
         try:
             record = decode(rec.value)
@@ -65,7 +73,7 @@ async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]
             continue
         if isinstance(record, FactsRecord):
             facts.append(record)
-    return facts
+    return facts, view.end
 
 
 def _decoded(view: TopicView) -> Iterable[tuple[int, object]]:

@@ -4,7 +4,8 @@ Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a r
 (:class:`WorkloadError`); 3 a record replay needs is trimmed, missing or undecodable (``LogGap``),
 or a holder was fenced; 4 no spec / module mismatch, the fold disagrees with the merge log, or a
 workload topic's configuration is refused (``TopicConfigError``: producer-clock timestamps, or
-retention shorter than the audit horizon), or ``--http-port`` cannot be bound.
+retention shorter than the audit horizon), ``--http-port`` cannot be bound, or a ``--fleet-key``
+is not a key.
 
 ``fx audit``: 0 every invariant checked holds (a skipped replay is said, not failed); 1 an
 invariant is violated; 2 a usage or read error (a bad ``--module`` or ``--fleet-key``, a broker
@@ -77,7 +78,16 @@ def _model_dir(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fx_kafka.keys import fleet_public_keys
+
     _model_dir(args)
+    fleet: list[bytes] = []
+    if not args.no_signature_check:
+        try:
+            fleet = fleet_public_keys(args.fleet_key)
+        except ValueError as exc:
+            print(f"cannot run: --fleet-key: {exc}", file=sys.stderr)
+            return EXIT_MISMATCH
     workload = load_workload(args.module)
     holder_id = args.holder_id or f"{socket.gethostname()}-{os.getpid()}"
     config = HolderConfig(bootstrap=_bootstrap(args), workload_id=args.id, holder_id=holder_id,
@@ -86,7 +96,9 @@ def _run(args: argparse.Namespace) -> int:
                           force_placement=args.force, placement_wait_s=args.placement_wait_s,
                           facts_max_age_s=args.facts_max_age_s,
                           executor_group_prefixes=tuple(args.executor_group_prefix
-                                                        or DEFAULT_GROUP_PREFIXES))
+                                                        or DEFAULT_GROUP_PREFIXES),
+                          check_signatures=not args.no_signature_check,
+                          fleet_keys=tuple(fleet))
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -560,6 +572,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="metrics: the consumer groups <PREFIX>.<kind> whose unread requests "
                      "on .out are reported (the executors' and gateways' group_prefix; "
                      "repeatable; default fx-executor and fx-actuator)")
+    run.add_argument("--no-signature-check", action="store_true",
+                     help="do not check the signature of each response read from .resp (by "
+                     "default each is checked as fx why does, counted in "
+                     "fx_holder_signature_failures_total and logged; it decides nothing)")
+    run.add_argument("--fleet-key", action="append", default=[], metavar="KEY",
+                     help="check signatures against the node keys this fleet public key "
+                     "certified on sys.keys instead of sys.facts (repeatable; default "
+                     "$FX_FLEET_PUBLIC_KEY, else sys.facts)")
     bootstrap_arg(run)
     run.set_defaults(func=_run)
 

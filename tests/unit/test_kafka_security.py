@@ -129,6 +129,8 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
     # the key history is the operator's (with the fleet key); no service writes it
     assert allowed(op, W, "sys.keys") and allowed(op, R, "sys.keys")
     assert not allowed(ex, W, "sys.keys") and not allowed(ho, W, "sys.keys")
+    # the holder reads it (and sys.facts) for its signature checks
+    assert allowed(ho, R, "sys.keys") and allowed(ho, R, "sys.facts")
     # alarms: the holder raises them with its unknown, the operator acknowledges them
     assert allowed(ho, W, "sys.alarms") and allowed(op, W, "sys.alarms")
     assert not allowed(ex, W, "sys.alarms")

@@ -276,6 +276,8 @@ AGREED = {
     "fx_holder_snapshot_age_seconds": {"workload"},
     "fx_holder_rejected_responses_total": {"workload", "reason"},
     "fx_workload_unread_requests": {"workload", "group"},
+    "fx_holder_signatures_checked_total": {"workload"},
+    "fx_holder_signature_failures_total": {"workload", "reason"},
 }
 
 
@@ -289,6 +291,7 @@ def test_the_metrics_have_the_agreed_names_and_labels_and_are_documented() -> No
     m.set_merge_lag("w", 0)
     m.snapshot("w", time.time())
     m.set_unread("w", {"g": 0})
+    m.signatures_on("w")
     found: dict[str, set[str]] = {}
     for name, sample_labels in _samples(m):
         base = name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
