@@ -16,7 +16,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from broker_schema import topics
 from broker_schema._errors import DecodeError, EncodeError, RecordTooLarge
-from broker_schema.canonical import canonical_json, sha256_hex
+from broker_schema.canonical import canonical_json, canonical_record_json, sha256_hex
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record
 
@@ -27,13 +27,9 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The canonical bytes of ``record``; :class:`RecordTooLarge` if they exceed ``limit``."""
     if type(record) not in RECORD_TYPES.values():
         raise EncodeError("unknown_kind", f"{type(record).__name__} is not a record kind")
-    value = record.model_dump(mode="json")
-    depth = json_depth(value)
-    if depth > MAX_JSON_DEPTH:
-        raise EncodeError("too_deep", f"record nests {depth} levels deep, limit is "
-                          f"{MAX_JSON_DEPTH}")
-    _check_floats(value)
-    data = canonical_json(value)
+    # one pass: nesting depth, the float domain and the canonical bytes together
+    data = canonical_record_json(record.model_dump(mode="json"), max_depth=MAX_JSON_DEPTH,
+                                 max_float=_SAFE)
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
     return data
@@ -44,23 +40,10 @@ def record_hash(record: BaseModel) -> str:
     return sha256_hex(canonical_json(record.model_dump(mode="json")))
 
 
+#: Floats (and integers) must lie strictly within +-2^53: ``encode`` refuses a float ``decode``
+#: would refuse to read back (RFC 8785 prints an integral one as an integer beyond the exact
+#: domain).
 _SAFE = 2**53
-
-
-def _check_floats(value: Any) -> None:
-    """Refuse a float ``decode`` would refuse to read back (magnitude 2^53 or more, or not
-    finite): RFC 8785 prints an integral one as an integer beyond the exact domain."""
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, float):
-            if not -_SAFE < item < _SAFE:
-                raise EncodeError("not_canonicalizable", f"number {item!r} is beyond +-2^53 "
-                                  "(or not finite): no decoder reads it back exactly")
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
 
 
 def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:
