@@ -84,6 +84,25 @@ def canonical_record_json(value: Any, *, max_depth: int, max_float: float) -> by
         raise EncodeError("not_canonicalizable", f"{type(exc).__name__}: {exc}") from exc
 
 
+def canonical_json_plain(value: Any) -> bytes:
+    """:func:`canonical_json` of a value the caller knows holds no float and no character above
+    U+FFFF, of exact JSON types only (``decode`` knows it from the parse): then orjson's sorted
+    output *is* RFC 8785, with no pass over the value here. Raises :class:`EncodeError` like
+    :func:`canonical_json` for what orjson refuses (integers beyond 2^53...)."""
+    try:
+        return _dumps(value, option=_OPTIONS)
+    except TypeError:
+        return canonical_json(value)
+
+
+def json_string(text: str) -> bytes:
+    """The canonical bytes of one string (RFC 8785 strings are orjson's)."""
+    try:
+        return _dumps(text)
+    except TypeError as exc:
+        raise EncodeError("not_canonicalizable", f"{type(exc).__name__}: {exc}") from exc
+
+
 # ------------------------------------------------------------------------------- numbers
 
 

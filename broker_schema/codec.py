@@ -10,6 +10,7 @@ caller asks for a lenient read with ``strict=False``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -17,7 +18,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from broker_schema import topics
 from broker_schema._errors import DecodeError, EncodeError, RecordTooLarge
-from broker_schema.canonical import canonical_json, canonical_record_json, sha256_hex
+from broker_schema.canonical import (
+    canonical_json,
+    canonical_json_plain,
+    canonical_record_json,
+    sha256_hex,
+)
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record
 
@@ -45,6 +51,9 @@ def record_hash(record: BaseModel) -> str:
 #: would refuse to read back (RFC 8785 prints an integral one as an integer beyond the exact
 #: domain).
 _SAFE = 2**53
+
+#: The lead byte of a 4-byte UTF-8 sequence: a character above U+FFFF.
+_FOUR_BYTE_UTF8 = re.compile(rb"[\xf0-\xf4]")
 
 
 def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:
@@ -105,11 +114,11 @@ def _parse_slowly(raw: bytes) -> Any:
         raise DecodeError("not_json", f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def _check_parsed(obj: Any) -> None:
+def _check_parsed(obj: Any) -> bool:
     """One pass over parsed JSON: every number within RFC 8785's exact domain (``invalid_record``,
     reported before depth, as the parser would) and nesting at most ``MAX_JSON_DEPTH``
-    (``too_deep``)."""
-    too_deep = False
+    (``too_deep``). True when it holds a float."""
+    too_deep = has_float = False
     todo: list[tuple[Any, int]] = [([obj], 0)]
     while todo:
         item, depth = todo.pop()
@@ -119,6 +128,7 @@ def _check_parsed(obj: Any) -> None:
         for child in children:
             t = type(child)
             if t is int or t is float:
+                has_float = has_float or t is float
                 if not -_SAFE < child < _SAFE:
                     raise DecodeError("invalid_record", f"number {str(child)[:40]} is beyond "
                                       "+-(2^53 - 1) (or not finite)")
@@ -126,6 +136,7 @@ def _check_parsed(obj: Any) -> None:
                 todo.append((child, depth + 1))
     if too_deep:
         raise DecodeError("too_deep", f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
+    return has_float
 
 
 def _summarise(exc: ValidationError) -> str:
@@ -159,7 +170,7 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
         obj = orjson.loads(raw)  # C speed; anything it refuses is classified by the slow parse
     except orjson.JSONDecodeError:
         obj = _parse_slowly(raw)
-    _check_parsed(obj)
+    has_float = _check_parsed(obj)
     if not isinstance(obj, dict):
         raise DecodeError("not_object", f"top-level JSON is {type(obj).__name__}, not an object")
     kind = obj.get("kind")
@@ -187,8 +198,13 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
     # Every number was checked to be within RFC 8785's exact domain and the nesting depth bounded
     # while parsing, so the record can always be re-encoded; a lenient read skips doing it.
     if strict:
+        # No record field is a float, so the dump holds a float only where the bytes did; with
+        # no float and no character above U+FFFF (no 4-byte UTF-8 sequence) orjson's sorted
+        # output is RFC 8785 as it is. Either way the comparison is with the canonical bytes.
+        plain = not has_float and _FOUR_BYTE_UTF8.search(raw) is None
         try:
-            canonical = canonical_json(record.model_dump(mode="json"))
+            dumped = record.model_dump(mode="json")
+            canonical = canonical_json_plain(dumped) if plain else canonical_json(dumped)
         except EncodeError as exc:
             raise DecodeError("invalid_record", f"{kind}: {exc.detail}") from None
         if canonical != raw:
