@@ -10,7 +10,6 @@ caller asks for a lenient read with ``strict=False``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -52,8 +51,8 @@ def record_hash(record: BaseModel) -> str:
 #: domain).
 _SAFE = 2**53
 
-#: The lead byte of a 4-byte UTF-8 sequence: a character above U+FFFF.
-_FOUR_BYTE_UTF8 = re.compile(rb"[\xf0-\xf4]")
+#: The lead bytes of a 4-byte UTF-8 sequence: a character above U+FFFF.
+_FOUR_BYTE_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
 
 
 def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:
@@ -201,7 +200,7 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
         # No record field is a float, so the dump holds a float only where the bytes did; with
         # no float and no character above U+FFFF (no 4-byte UTF-8 sequence) orjson's sorted
         # output is RFC 8785 as it is. Either way the comparison is with the canonical bytes.
-        plain = not has_float and _FOUR_BYTE_UTF8.search(raw) is None
+        plain = not has_float and (raw.isascii() or not any(b in raw for b in _FOUR_BYTE_LEADS))
         try:
             dumped = record.model_dump(mode="json")
             canonical = canonical_json_plain(dumped) if plain else canonical_json(dumped)

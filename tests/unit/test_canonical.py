@@ -109,3 +109,28 @@ def test_refuses_what_the_reference_refuses_with_one_typed_error(value: Any) -> 
 def test_integers_at_the_edge_of_the_exact_domain() -> None:
     for number in (2**53 - 1, -(2**53) + 1, 0, -1):
         assert canonical_json({"n": number}) == rfc8785.dumps({"n": number})
+
+
+def test_decode_checks_canonical_form_of_astral_keys_and_floats() -> None:
+    """decode's fast canonical check (orjson alone when the bytes hold no float and no 4-byte
+    UTF-8) must still refuse the code-point key order and a non-ECMAScript float."""
+    header = bs.EffectHeader(workload_id="w", input_offset=0, index=0, epoch=1)
+    record = bs.EffectRequest(header=header, effect_kind=bs.INFERENCE_KIND, deadline_ms=5,
+                              params={"\U0001f600": 1, "\uffff": 2, "f": 1e-6})
+    data = bs.encode(record)
+    assert data == rfc8785.dumps(record.model_dump(mode="json"))
+    assert bs.decode(data) == record
+    swapped = data.replace("\"\U0001f600\":1,\"\uffff\":2".encode(),
+                           "\"\uffff\":2,\"\U0001f600\":1".encode())
+    assert swapped != data
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(swapped)
+    assert info.value.code == "not_canonical"
+    for spelling in (b'"f":1e-6', b'"f":1.0e-6', b'"f":0.0000010'):
+        with pytest.raises(bs.DecodeError) as info:
+            bs.decode(data.replace(b'"f":0.000001', spelling))
+        assert info.value.code == "not_canonical"
+    plain = bs.encode(record.model_copy(update={"params": {"a": 1, "b": [True, None, "x"]}}))
+    with pytest.raises(bs.DecodeError) as info:
+        bs.decode(plain.replace(b'"a":1,"b"', b'"b"').replace(b'"x"]', b'"x"],"a":1'))
+    assert info.value.code == "not_canonical"
