@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps kafka lint test test-unit test-integration demo schema console-screenshots broker-start broker-stop clean
+.PHONY: install system-deps kafka lint test test-unit test-integration bench demo schema console-screenshots broker-start broker-stop clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,13 @@ test-unit: install
 
 test-integration: install system-deps kafka
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# Every performance figure of issue 16 side by side, bounded (a few minutes): the ratio table
+# (figure, goal, measured, met?) and JSON in bench/results/. FX_KAFKA_BOOTSTRAP, else a local
+# broker for the run. BENCH_ARGS="--quick" for the short run, "--repeat 3" for medians.
+BENCH_ARGS ?=
+bench: install kafka
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python bench/suite.py $(BENCH_ARGS)
 
 demo: install kafka
 	$(BIN)/python -m fx_cli.demo

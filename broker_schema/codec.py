@@ -12,11 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from broker_schema import topics
 from broker_schema._errors import DecodeError, EncodeError, RecordTooLarge
-from broker_schema.canonical import canonical_json, sha256_hex
+from broker_schema.canonical import (
+    canonical_json,
+    canonical_json_plain,
+    canonical_record_json,
+    sha256_hex,
+)
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record
 
@@ -27,13 +33,9 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The canonical bytes of ``record``; :class:`RecordTooLarge` if they exceed ``limit``."""
     if type(record) not in RECORD_TYPES.values():
         raise EncodeError("unknown_kind", f"{type(record).__name__} is not a record kind")
-    value = record.model_dump(mode="json")
-    depth = json_depth(value)
-    if depth > MAX_JSON_DEPTH:
-        raise EncodeError("too_deep", f"record nests {depth} levels deep, limit is "
-                          f"{MAX_JSON_DEPTH}")
-    _check_floats(value)
-    data = canonical_json(value)
+    # one pass: nesting depth, the float domain and the canonical bytes together
+    data = canonical_record_json(record.model_dump(mode="json"), max_depth=MAX_JSON_DEPTH,
+                                 max_float=_SAFE)
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
     return data
@@ -44,23 +46,13 @@ def record_hash(record: BaseModel) -> str:
     return sha256_hex(canonical_json(record.model_dump(mode="json")))
 
 
+#: Floats (and integers) must lie strictly within +-2^53: ``encode`` refuses a float ``decode``
+#: would refuse to read back (RFC 8785 prints an integral one as an integer beyond the exact
+#: domain).
 _SAFE = 2**53
 
-
-def _check_floats(value: Any) -> None:
-    """Refuse a float ``decode`` would refuse to read back (magnitude 2^53 or more, or not
-    finite): RFC 8785 prints an integral one as an integer beyond the exact domain."""
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, float):
-            if not -_SAFE < item < _SAFE:
-                raise EncodeError("not_canonicalizable", f"number {item!r} is beyond +-2^53 "
-                                  "(or not finite): no decoder reads it back exactly")
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
+#: The lead bytes of a 4-byte UTF-8 sequence: a character above U+FFFF.
+_FOUR_BYTE_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
 
 
 def json_depth(value: Any, *, stop: int = MAX_JSON_DEPTH) -> int:
@@ -106,6 +98,46 @@ def _parse_float(text: str) -> float:
     return value
 
 
+def _parse_slowly(raw: bytes) -> Any:
+    """The standard library's parse, which names what is wrong (and reads a lone surrogate
+    escape, which orjson refuses, the way the decoder always has)."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant,
+                          parse_int=_parse_int, parse_float=_parse_float)
+    except _OutOfDomain as exc:
+        raise DecodeError("invalid_record", str(exc)) from None
+    except RecursionError:
+        raise DecodeError("too_deep", f"JSON nests deeper than {MAX_JSON_DEPTH} levels "
+                          "(deeper than the parser's own limit)") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError("not_json", f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _check_parsed(obj: Any) -> bool:
+    """One pass over parsed JSON: every number within RFC 8785's exact domain (``invalid_record``,
+    reported before depth, as the parser would) and nesting at most ``MAX_JSON_DEPTH``
+    (``too_deep``). True when it holds a float."""
+    too_deep = has_float = False
+    todo: list[tuple[Any, int]] = [([obj], 0)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if type(item) is dict else item
+        if depth > MAX_JSON_DEPTH:
+            too_deep = True
+        for child in children:
+            t = type(child)
+            if t is int or t is float:
+                has_float = has_float or t is float
+                if not -_SAFE < child < _SAFE:
+                    raise DecodeError("invalid_record", f"number {str(child)[:40]} is beyond "
+                                      "+-(2^53 - 1) (or not finite)")
+            elif t is dict or t is list:
+                todo.append((child, depth + 1))
+    if too_deep:
+        raise DecodeError("too_deep", f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
+    return has_float
+
+
 def _summarise(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False)[:5]:
@@ -134,18 +166,10 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
     if len(raw) > MAX_RECORD_BYTES:
         raise DecodeError("oversize", f"record is {len(raw)} bytes, limit is {MAX_RECORD_BYTES}")
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant,
-                         parse_int=_parse_int, parse_float=_parse_float)
-    except _OutOfDomain as exc:
-        raise DecodeError("invalid_record", str(exc)) from None
-    except RecursionError:
-        raise DecodeError("too_deep", f"JSON nests deeper than {MAX_JSON_DEPTH} levels "
-                          "(deeper than the parser's own limit)") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DecodeError("not_json", f"{type(exc).__name__}: {str(exc)[:200]}") from None
-    depth = json_depth(obj)
-    if depth > MAX_JSON_DEPTH:
-        raise DecodeError("too_deep", f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
+        obj = orjson.loads(raw)  # C speed; anything it refuses is classified by the slow parse
+    except orjson.JSONDecodeError:
+        obj = _parse_slowly(raw)
+    has_float = _check_parsed(obj)
     if not isinstance(obj, dict):
         raise DecodeError("not_object", f"top-level JSON is {type(obj).__name__}, not an object")
     kind = obj.get("kind")
@@ -173,8 +197,13 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
     # Every number was checked to be within RFC 8785's exact domain and the nesting depth bounded
     # while parsing, so the record can always be re-encoded; a lenient read skips doing it.
     if strict:
+        # No record field is a float, so the dump holds a float only where the bytes did; with
+        # no float and no character above U+FFFF (no 4-byte UTF-8 sequence) orjson's sorted
+        # output is RFC 8785 as it is. Either way the comparison is with the canonical bytes.
+        plain = not has_float and (raw.isascii() or not any(b in raw for b in _FOUR_BYTE_LEADS))
         try:
-            canonical = canonical_json(record.model_dump(mode="json"))
+            dumped = record.model_dump(mode="json")
+            canonical = canonical_json_plain(dumped) if plain else canonical_json(dumped)
         except EncodeError as exc:
             raise DecodeError("invalid_record", f"{kind}: {exc.detail}") from None
         if canonical != raw:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from pydantic_core import PydanticCustomError
 
 from broker_schema._errors import DecodeCode
-from broker_schema.canonical import HASH_PATTERN, canonical_json
+from broker_schema.canonical import HASH_PATTERN, canonical_json, json_string
 from broker_schema.limits import INLINE_MAX_BYTES, MAX_WORKLOAD_ID_LEN
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -146,7 +146,10 @@ class InlineBody(_Model):
                 base64.b64decode(str(self.data), validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise ValueError(f"base64 body data is not valid base64: {exc}") from exc
-        size = len(canonical_json(self.data))
+        # base64 needs no escaping: its canonical bytes are the text in quotes
+        size = (len(str(self.data)) + 2 if self.encoding == "base64"
+                else len(json_string(self.data)) if isinstance(self.data, str)
+                else len(canonical_json(self.data)))
         if size > INLINE_MAX_BYTES:
             raise ValueError(f"inline body is {size} bytes, limit is {INLINE_MAX_BYTES}")
         return self

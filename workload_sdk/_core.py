@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from broker_schema import (
     INLINE_MAX_BYTES,
     MAX_JSON_DEPTH,
@@ -492,7 +494,7 @@ def _normalized_state(state: State, seq: int | None) -> State:
     live, in replay from the start and in replay from a snapshot.
     """
     try:
-        return json.loads(canonical_json(state))
+        return orjson.loads(canonical_json(state))  # canonical bytes: the same value as json's
     except _EncodeError as exc:
         raise WorkloadError("bad_state", f"state is not canonical JSON: {exc.detail}",
                             seq=seq) from exc

@@ -73,13 +73,21 @@ class LogRecord:
     offset: int
     time_ms: int
     value: bytes
+    #: The decoded record, once :meth:`decode` has parsed it (records are immutable, so each is
+    #: parsed once however often replay, diff, audit and why read it).
+    _record: Record | None = field(default=None, compare=False, repr=False)
 
     def decode(self, topic: str = "") -> Record:
-        """The decoded record; :class:`LogGap` (``undecodable``) if it is not a valid record."""
-        try:
-            return decode(self.value)
-        except DecodeError as exc:
-            raise LogGap(topic, self.offset, "undecodable", str(exc)) from None
+        """The decoded record (parsed once, then kept); :class:`LogGap` (``undecodable``) if
+        it is not a valid record."""
+        record = self._record
+        if record is None:
+            try:
+                record = decode(self.value)
+            except DecodeError as exc:
+                raise LogGap(topic, self.offset, "undecodable", str(exc)) from None
+            object.__setattr__(self, "_record", record)
+        return record
 
 
 @dataclass
