@@ -173,7 +173,7 @@ def test_receipt_internal_checks(bound: tuple[dict[str, Any], dict[str, Any]],
         assert res.reasons and all(r.startswith("malformed receipt: ") for r in res.reasons)
 
 
-@pytest.mark.parametrize("version", [1, 3, "2", None])
+@pytest.mark.parametrize("version", [1, 4, "2", None])
 def test_unknown_versions_are_refused(bound: tuple[dict[str, Any], dict[str, Any]],
                                       version: Any, synth_path: Path) -> None:
     receipt, _ = bound
