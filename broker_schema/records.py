@@ -658,8 +658,11 @@ class FactsRecord(_Model):
     models_loaded: tuple[Hash, ...] = ()
     engines: dict[str, str] = Field(default_factory=dict)
     accelerators: tuple[str, ...] = ()
-    accelerator_devices: tuple[AcceleratorDevice, ...] = ()
-    parity_gates: tuple[ParityGateFact, ...] = ()
+    #: (absent when empty: a node that has none writes the facts an older node wrote)
+    accelerator_devices: tuple[AcceleratorDevice, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=64)
+    parity_gates: tuple[ParityGateFact, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=256)
     public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
     key_id: Hash
     updated_us: Micros
