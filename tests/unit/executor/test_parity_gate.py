@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import JsonValue
 
 from broker_schema.records import AcceleratorDevice, FactsRecord, ParityGateFact
 from executor import accelerators
@@ -29,7 +30,7 @@ from fx_integer.engine import IntegerEngine
 from fx_integer.verifier import verify
 from tests.unit.integer.real_model import real_artifact
 
-PROMPT = {"prompt": "The capital of France is", "max_tokens": 3}
+PROMPT: dict[str, JsonValue] = {"prompt": "The capital of France is", "max_tokens": 3}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_gpp_build_passes_and_serves(real_store: tuple[ModelStore, ModelManifest
     assert fact.canary_set_hash == "sha256:" + parity_gate.load_canaries().sha256
     res = run1(a, m.hash)
     assert isinstance(res, EngineResult) and res.receipt is not None
-    r = res.receipt["integer"]
+    r: Any = res.receipt["integer"]
     assert isinstance(r, dict)
     assert r["engine"]["backend"] == "cpu-kernel" and r["receipt_version"] == 3
     assert r["parity_gate"] == {"backend": "cpu-kernel", "result": "passed",
@@ -121,7 +122,7 @@ def test_broken_build_falls_back_to_the_oracle(real_store: tuple[ModelStore, Mod
     assert m.hash in line and "cpu-kernel" in line and first in line
     res = run1(a, m.hash)
     assert isinstance(res, EngineResult) and res.receipt is not None
-    r = res.receipt["integer"]
+    r: Any = res.receipt["integer"]
     assert isinstance(r, dict)
     assert r["engine"]["backend"] == "oracle"  # never a byte of the refused backend
     assert r["parity_gate"] == {"backend": "cpu-kernel", "result": "refused",
