@@ -216,8 +216,17 @@ def run_gate(gated: IntegerEngine, *, oracle: IntegerEngine | None = None,
     ref_engine = oracle or IntegerEngine.from_artifact(gated.artifact)
     if ref_engine.model_hash != gated.model_hash:
         raise ValueError("the oracle and the gated engine hold different models")
+    from .engine import ParamError
+
+    try:
+        reference = reference_runs(ref_engine, cs)
+    except ParamError as exc:  # a model the canaries do not fit cannot be shown equal: refused
+        return GateResult(model_hash=gated.model_hash, backend=gated.backend, result="refused",
+                          canary_set_sha256=cs.sha256, canaries=len(cs.canaries),
+                          mismatch=Mismatch("(canary set)", None, "error",
+                                            f"the canaries do not fit this model: {exc}"))
     return decide(model_hash=gated.model_hash, backend=gated.backend, canary_set=cs,
-                  reference=reference_runs(ref_engine, cs), gated=run_canaries(gated, cs))
+                  reference=reference, gated=run_canaries(gated, cs))
 
 
 def receipt_field(result: GateResult) -> dict[str, Any]:

@@ -167,6 +167,16 @@ def test_backend_exception_refuses(synth: artifact.Artifact, synth_oracle: Integ
     assert r.mismatch.what == "error" and "FixedPointOverflow" in r.mismatch.detail
 
 
+def test_canaries_that_do_not_fit_the_model_refuse(synth: artifact.Artifact,
+                                                    synth_oracle: IntegerEngine) -> None:
+    gated = IntegerEngine.from_artifact(synth, backend="cpu-kernel")
+    # the committed canaries' token ids exceed the synthetic model's vocabulary of 300
+    r = parity_gate.run_gate(gated, oracle=synth_oracle)
+    assert r.result == "refused" and r.mismatch is not None
+    assert (r.mismatch.canary, r.mismatch.what) == ("(canary set)", "error")
+    assert "do not fit this model" in r.mismatch.detail
+
+
 def test_the_oracle_is_not_gated(synth_oracle: IntegerEngine) -> None:
     with pytest.raises(ValueError, match="not gated"):
         parity_gate.run_gate(synth_oracle)
