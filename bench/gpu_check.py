@@ -20,6 +20,9 @@ recorded under ``errors`` and the next section still runs):
    (``FX_ARTIFACT``, default the cache path): if it cannot be loaded, the error is recorded and
    sections 2 and 3 use a random-weight model with exactly the real tensor shapes instead
    (``model`` says which), so the decode figures are still the real model's cost;
+2b. ``parity_gate``: the executor's parity gate for the ``cupy`` backend
+   (:mod:`fx_integer.parity_gate`, the committed canaries), its result printed; it must pass
+   (only with the committed artifact: skipped on the random-weight stand-in);
 3. ``decode``: decode tokens/s at batch 1, 8, 32, 64 and the fraction of the single-stream
    bandwidth bound (4.8e12 B/s / weight bytes streamed per token).
 
@@ -236,6 +239,26 @@ def decode_bench(art: artifact.Artifact, gpu: Any, cp: Any, prompt: list[int]) -
     return res
 
 
+def parity_gate_check(art: artifact.Artifact) -> dict[str, Any]:
+    """The executor's parity gate for the ``cupy`` backend, as an executor on this node runs it
+    before serving (fx_integer.parity_gate: the committed canaries through the oracle and CuPy,
+    every step's logits row and token byte for byte)."""
+    from fx_integer import parity_gate
+    from fx_integer.engine import IntegerEngine
+
+    t = time.perf_counter()
+    oracle = IntegerEngine.from_artifact(art, backend="oracle")
+    gated = IntegerEngine.from_artifact(art, backend="cupy")
+    res = parity_gate.run_gate(gated, oracle=oracle)
+    report = {"backend": res.backend, "result": res.result,
+              "canary_set_sha256": res.canary_set_sha256, "canaries": res.canaries,
+              "mismatch": None if res.mismatch is None else res.mismatch.as_dict(),
+              "seconds": round(time.perf_counter() - t, 2)}
+    log(f"parity gate (cupy): {res.result}"
+        + ("" if res.mismatch is None else f" at {report['mismatch']}"))
+    return report
+
+
 def main() -> int:
     out: dict[str, Any] = {}
     try:
@@ -278,6 +301,10 @@ def main() -> int:
     if loaded is not None:
         gpu, ora = loaded
         _section(out, "parity", lambda: parity_checks(art, gpu, ora, real))
+        if real:  # the canaries are the real model's prompts; a random-weight stand-in is not
+            _section(out, "parity_gate", lambda: parity_gate_check(art))
+        else:
+            out["parity_gate"] = {"skipped": "no committed artifact: the gate runs on the model"}
         if real:
             prompt = Tokenizer(art.tokenizer).encode(
                 "Once upon a time, there was a little girl who lived in a village.")
@@ -289,7 +316,8 @@ def main() -> int:
     par = out.get("parity") or {}
     ok = (not out.get("errors") and bool(syn) and all(v is True for v in syn.values())
           and bool(par) and not par["mismatched_prompts"] and par["generation_batched_equal"]
-          and par["generation_single_equal"])
+          and par["generation_single_equal"]
+          and (not real or (out.get("parity_gate") or {}).get("result") == "passed"))
     out["all_parity_ok"] = ok
     out["report_sha256"] = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
     _write(out)

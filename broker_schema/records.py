@@ -72,6 +72,7 @@ ErrorCode = Literal[
     "input_invalid",  # the input is not what the model's interface expects
     "params_invalid",  # a parameter is unknown or out of range for the interface
     "engine_error",  # the engine failed while running
+    "parity_gate_refused",  # the node's backend failed its parity gate and it serves no fallback
     "output_too_large",  # the output could not be stored inline or as a chunk
     "shutdown",  # the executor was stopping and abandoned the request explicitly
     "guarantee_mismatch",  # the spec declares another guarantee for the kind than served here
@@ -99,6 +100,7 @@ ERROR_RETRIABLE: dict[str, bool] = {
     "input_invalid": False,
     "params_invalid": False,
     "engine_error": True,
+    "parity_gate_refused": True,  # another node, or this one once fixed, can serve it
     "output_too_large": False,
     "shutdown": True,
     "guarantee_mismatch": False,
@@ -614,8 +616,42 @@ class TickRecord(_Model):
     holder_id: NodeId
 
 
+class ParityGateFact(_Model):
+    """One parity gate run (integer engine, docs/integer-engine.md "The parity gate"): the
+    backend's canary runs against the numpy oracle's, byte for byte. ``serving`` is the backend
+    that answers the model's requests: the gated one when it ``passed``; after a refusal the
+    ``oracle`` (fallback) or null (``--parity-failure refuse``: ``parity_gate_refused``)."""
+
+    model: Hash
+    backend: Annotated[str, Field(min_length=1, max_length=40)]
+    result: Literal["passed", "refused"]
+    canary_set_hash: Hash
+    serving: Annotated[str, Field(min_length=1, max_length=40)] | None
+    #: the first difference (canary, step, what, detail) or the backend's error; null if passed
+    mismatch: Annotated[str, Field(max_length=2000)] | None = None
+    checked_us: Micros
+
+
+class AcceleratorDevice(_Model):
+    """One accelerator device as the node's probe found it (CUDA: CuPy's runtime API; fields
+    the driver did not report are null)."""
+
+    kind: Annotated[str, Field(min_length=1, max_length=40)]  # "cuda"
+    index: Annotated[int, Field(ge=0, le=1024)]
+    name: Annotated[str, Field(max_length=200)]
+    memory_bytes: Annotated[int, Field(ge=0, le=2**53 - 1)] | None = None
+    compute_capability: Annotated[str, Field(pattern=r"^[0-9]{1,3}\.[0-9]{1,3}$")] | None = None
+    multiprocessors: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    driver_version: Annotated[str, Field(max_length=40)] | None = None
+    runtime_version: Annotated[str, Field(max_length=40)] | None = None
+
+
 class FactsRecord(_Model):
-    """What an executor node serves, on ``sys.facts`` (compacted, keyed by node id)."""
+    """What an executor node serves, on ``sys.facts`` (compacted, keyed by node id).
+
+    ``accelerators`` is the word list (``["cuda"]``) kept for older readers;
+    ``accelerator_devices`` says what each device is; ``parity_gates`` the parity gate runs of
+    the integer engine's models (one per model, the latest)."""
 
     kind: Literal["facts"] = "facts"
     v: Literal[1] = SCHEMA_VERSION
@@ -625,6 +661,11 @@ class FactsRecord(_Model):
     models_loaded: tuple[Hash, ...] = ()
     engines: dict[str, str] = Field(default_factory=dict)
     accelerators: tuple[str, ...] = ()
+    #: (absent when empty: a node that has none writes the facts an older node wrote)
+    accelerator_devices: tuple[AcceleratorDevice, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=64)
+    parity_gates: tuple[ParityGateFact, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=256)
     public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
     key_id: Hash
     updated_us: Micros

@@ -121,6 +121,10 @@ class ExecutorConfig(BaseModel):
     #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``cpu-kernel`` (the
     #: CUDA sources built with g++) or ``cupy``. Every backend is byte-identical to the oracle.
     integer_backend: Literal["auto", "oracle", "cpu-kernel", "cupy"] = "auto"
+    #: When a backend other than the oracle fails its parity gate (docs/integer-engine.md, "The
+    #: parity gate"): ``fallback`` serves the model on the numpy oracle, ``refuse`` serves it not
+    #: at all (its requests are answered ``parity_gate_refused``).
+    parity_failure: Literal["fallback", "refuse"] = "fallback"
     #: HTTP (health, metrics, facts). ``http_port`` 0 picks a free port; None disables HTTP.
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from broker_schema.records import FactsRecord, Guarantee, KindServed
+from broker_schema.records import (
+    AcceleratorDevice,
+    FactsRecord,
+    Guarantee,
+    KindServed,
+    ParityGateFact,
+)
 
 __all__ = ["build_facts", "facts_changed"]
 
@@ -21,9 +27,13 @@ def build_facts(
     key_id: str,
     now_us: int,
     guarantees: Mapping[str, Guarantee] | None = None,
+    accelerator_devices: Iterable[AcceleratorDevice] = (),
+    parity_gates: Iterable[ParityGateFact] = (),
 ) -> FactsRecord:
     """The facts record for this node (pure: the time is passed in). ``guarantees``: the
-    guarantee each actuation kind is served with (an actuator gateway's)."""
+    guarantee each actuation kind is served with (an actuator gateway's);
+    ``accelerator_devices``: what the probe found (:mod:`executor.accelerators`);
+    ``parity_gates``: the integer engine's gate runs (one per model and backend, sorted)."""
     served = guarantees or {}
     return FactsRecord(
         node_id=node_id,
@@ -35,6 +45,8 @@ def build_facts(
         models_loaded=tuple(sorted(set(models_loaded))),
         engines=dict(sorted(engines.items())),
         accelerators=tuple(sorted(set(accelerators))),
+        accelerator_devices=tuple(sorted(accelerator_devices, key=lambda a: (a.kind, a.index))),
+        parity_gates=tuple(sorted(parity_gates, key=lambda g: (g.model, g.backend))),
         public_key=public_key_b64,
         key_id=key_id,
         updated_us=now_us,

@@ -7,7 +7,12 @@ process (tests) never share counters. The list, with meanings, is in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from broker_schema.records import ParityGateFact
 
 __all__ = ["ExecutorMetrics"]
 
@@ -105,6 +110,19 @@ class ExecutorMetrics:
         self.models_loaded = Gauge(
             "fx_executor_models_loaded", "Models held warm by an engine", registry=r
         )
+        self.parity_gate_checks = Counter(
+            "fx_executor_parity_gate_checks",
+            "Integer-engine parity gate runs (a backend against the numpy oracle on the canary "
+            "set), by model, backend and result (passed, refused)",
+            ["model", "backend", "result"],
+            registry=r,
+        )
+        self.parity_gate_refused = Gauge(
+            "fx_executor_parity_gate_refused",
+            "1 while the backend is refused for the model by its parity gate, else 0",
+            ["model", "backend"],
+            registry=r,
+        )
         self.model_load_failures = Counter(
             "fx_executor_model_load_failures",
             "Model loads refused, by code (model_hash_mismatch, engine_error...)",
@@ -137,6 +155,13 @@ class ExecutorMetrics:
             ["op"],
             registry=r,
         )
+
+    def observe_parity_gate(self, fact: ParityGateFact) -> None:
+        """A parity gate run (:mod:`executor.parity`): ``fx_executor_parity_gate_checks_total``
+        counts it, ``fx_executor_parity_gate_refused`` holds 1 while it stands refused."""
+        self.parity_gate_checks.labels(fact.model, fact.backend, fact.result).inc()
+        self.parity_gate_refused.labels(fact.model, fact.backend).set(
+            0 if fact.result == "passed" else 1)
 
     def render(self) -> bytes:
         """The text exposition format."""

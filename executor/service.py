@@ -86,6 +86,7 @@ from broker_schema.records import (
     ResponseRecord,
     StreamRef,
 )
+from executor.accelerators import node_devices
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
 from executor.config import ExecutorConfig
 from executor.core import (
@@ -220,6 +221,8 @@ class ExecutorService:
             identity=self.identity,
             receipt_chain_file=config.receipt_chain_file,
             integer_backend=config.integer_backend,
+            parity_failure=config.parity_failure,
+            on_parity_gate=self.metrics.observe_parity_gate,
         )
         self._engines_lock = threading.Lock()
         self._engines: dict[str, Engine] = dict(engines or {})
@@ -651,6 +654,9 @@ class ExecutorService:
             public_key_b64=self.identity.public_key_b64,
             key_id=self.identity.key_id,
             now_us=_now_us(),
+            accelerator_devices=node_devices(self.config.device),
+            parity_gates=[g for e in self._engine_list()
+                          for g in getattr(e, "parity_gates", tuple)()],
         )
 
     async def _publish_facts(self, *, force: bool = False) -> None:
@@ -1181,6 +1187,7 @@ class ExecutorService:
                 except OutcomeError as exc:
                     for j, _ in ready:
                         self._answer_job(j, self.state.refusal_executor, None, exc)
+                    self._spawn(self._publish_facts())  # a refusal (parity gate) is a fact
                     continue
                 target, answered_hash = model_hash, model_hash
                 self._spawn(self._publish_facts())

@@ -31,7 +31,14 @@ import numpy as np
 from . import artifact
 from .generation import GenRequest, GenResult, generate_batch, to_host
 from .oracle import KVCache, Ops, OracleOps, forward
-from .receipt import RECEIPT_VERSION, ReceiptSigner, input_hash, output_hash, text_hash
+from .receipt import (
+    RECEIPT_VERSION,
+    RECEIPT_VERSION_GATED,
+    ReceiptSigner,
+    input_hash,
+    output_hash,
+    text_hash,
+)
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -56,9 +63,9 @@ def make_ops(art: artifact.Artifact, backend: str) -> Ops:
     if backend == "oracle":
         return OracleOps(art)
     if backend == "cpu-kernel":
-        from .cpu_kernel import CpuKernelOps
+        from .cpu_kernel import CpuKernelOps, env_defines
 
-        return CpuKernelOps(art)
+        return CpuKernelOps(art, defines=env_defines())
     if backend == "cupy":
         from .cupy_backend import CupyOps
 
@@ -109,6 +116,11 @@ class IntegerEngine:
     def _setup(self, art: artifact.Artifact, *, backend: str,
                signer: ReceiptSigner | None) -> None:
         self.artifact_path: Path | None = art.path
+        #: the loaded artifact (the parity gate builds its oracle reference from it)
+        self.artifact = art
+        #: the parity gate's verdict this engine serves under (:func:`parity_gate.receipt_field`),
+        #: bound into every receipt (version 3); None: no gate ran (version 2 receipts)
+        self.parity_gate: dict[str, Any] | None = None
         self.model_hash = art.model_hash
         self.config = art.config
         self.tokenizer = Tokenizer(art.tokenizer)
@@ -218,8 +230,9 @@ class IntegerEngine:
         finish = "stop" if toks and toks[-1] == req.stop_token else "length"
         text_toks = toks[:-1] if finish == "stop" else toks
         text = self.tokenizer.decode(text_toks)
+        gate = self.parity_gate
         body: dict[str, Any] = {
-            "receipt_version": RECEIPT_VERSION,
+            "receipt_version": RECEIPT_VERSION if gate is None else RECEIPT_VERSION_GATED,
             "kind": KIND,
             "model_hash": self.model_hash,
             "engine": {"name": ENGINE_NAME, "version": ENGINE_VERSION, "backend": self.backend,
@@ -234,6 +247,8 @@ class IntegerEngine:
             "output_text_hash": text_hash(text),
             "logits_digest": res.logits_digest,
         }
+        if gate is not None:
+            body["parity_gate"] = dict(gate)
         receipt = self.signer.sign(body) if self.signer is not None else body
         return {
             "output_tokens": list(toks),

@@ -25,6 +25,8 @@ class GenRequest:
 class GenResult:
     output_tokens: list[int]
     logits_digest: str  # sha256 over every step's logits row, int64 little-endian
+    #: sha256 (hex) of each step's logits row alone (the parity gate names the first that differs)
+    step_digests: tuple[str, ...] = ()
 
 
 def to_host(a: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -38,6 +40,7 @@ def generate_batch(ops: Ops, reqs: Sequence[GenRequest]) -> list[GenResult]:
     caches = [KVCache(ops) for _ in reqs]
     outs: list[list[int]] = [[] for _ in reqs]
     digests = [hashlib.sha256() for _ in reqs]
+    steps: list[list[str]] = [[] for _ in reqs]
     active = [i for i, r in enumerate(reqs) if r.max_tokens > 0]
     feed: dict[int, list[int]] = {i: list(reqs[i].prompt_tokens) for i in active}
     for i in active:
@@ -48,7 +51,9 @@ def generate_batch(ops: Ops, reqs: Sequence[GenRequest]) -> list[GenResult]:
         still = []
         for i, lg in zip(active, logits, strict=True):
             row = to_host(lg)[0]
-            digests[i].update(row.astype("<i8").tobytes())
+            raw = row.astype("<i8").tobytes()
+            digests[i].update(raw)
+            steps[i].append(hashlib.sha256(raw).hexdigest())
             r = reqs[i]
             tok = choose(row, r.sampling, len(outs[i]))
             outs[i].append(tok)
@@ -56,8 +61,8 @@ def generate_batch(ops: Ops, reqs: Sequence[GenRequest]) -> list[GenResult]:
                 feed[i] = [tok]
                 still.append(i)
         active = still
-    return [GenResult(output_tokens=o, logits_digest=d.hexdigest())
-            for o, d in zip(outs, digests, strict=True)]
+    return [GenResult(output_tokens=o, logits_digest=d.hexdigest(), step_digests=tuple(st))
+            for o, d, st in zip(outs, digests, steps, strict=True)]
 
 
 def generate(ops: Ops, req: GenRequest) -> GenResult:

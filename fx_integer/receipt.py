@@ -2,7 +2,7 @@
 
 A receipt is a JSON object (integers, strings, lists, booleans, null only; no floats)::
 
-    receipt_version   2
+    receipt_version   2, or 3 for an engine that ran the parity gate (below)
     kind              "ninelives:inference/run@0.1.0"
     model_hash        sha256 of the committed artifact file (hex)
     engine            {"name", "version", "backend", "device_class"}
@@ -24,15 +24,23 @@ A receipt is a JSON object (integers, strings, lists, booleans, null only; no fl
     output_text_hash  sha256 of the output text's UTF-8 (hex): the decoding of output_tokens
                       without a final stop_token, the response's ``text``
     logits_digest     sha256 over every decoding step's logits row (int64 little-endian)
+    parity_gate       version 3 only: the parity gate's verdict the engine serves under
+                      (:mod:`fx_integer.parity_gate`): {"backend": the gated backend,
+                      "result": "passed" | "refused", "canary_set_hash": sha256:<hex> of the
+                      canary set}; a refused backend never signs, so "refused" goes with
+                      engine.backend "oracle" (the fallback)
     public_key        the node's public key, hex: raw 32 bytes (Ed25519, 64 hex digits) or
                       the 33-byte SEC1 compressed point (secp256k1, 66 hex digits)
-    signature         over b"nlfx-receipt-v2\\0" + canonical(receipt without the signature
-                      key): Ed25519, or ECDSA-SHA256 as r || s with low s (secp256k1); the 64
-                      signature bytes as 128 lowercase hex digits (docs/receipts.md)
+    signature         over b"nlfx-receipt-v<version>\\0" + canonical(receipt without the
+                      signature key): Ed25519, or ECDSA-SHA256 as r || s with low s
+                      (secp256k1); the 64 signature bytes as 128 lowercase hex digits
+                      (docs/receipts.md)
 
 canonical(x) = JSON with sorted keys, no whitespace, UTF-8 (for these float-free objects this is
 RFC 8785). receipt_hash = sha256(canonical(full receipt, signature included)). Version 1 receipts
-(no context, no text hashes) are refused: nothing committed uses them.
+(no context, no text hashes) are refused: nothing committed uses them. Versions 2 and 3 are both
+current: an engine without a gate (the oracle configured as such) signs version 2, one behind
+the gate version 3; one chain may hold both.
 
 The engine builds receipts with this module; checking one (which re-executes the engine) is
 :mod:`fx_integer.verifier`. This module imports no other engine module but ``artifact`` (for
@@ -51,7 +59,11 @@ from typing import Any, Final
 from .artifact import canonical_json
 
 RECEIPT_VERSION: Final = 2
+#: a receipt of an engine behind the parity gate: version 2 plus ``parity_gate``
+RECEIPT_VERSION_GATED: Final = 3
 SIGNING_CONTEXT: Final = b"nlfx-receipt-v2\x00"
+#: receipt_version -> the prefix its signature covers
+SIGNING_CONTEXTS: Final = {2: SIGNING_CONTEXT, 3: b"nlfx-receipt-v3\x00"}
 GENESIS: Final = "0" * 64
 FIELDS: Final = (
     "receipt_version", "kind", "model_hash", "engine", "context", "node_id", "seq",
@@ -59,6 +71,10 @@ FIELDS: Final = (
     "output_tokens", "output_hash", "output_text_hash", "logits_digest", "public_key",
     "signature",
 )
+#: receipt_version -> its fields
+FIELDS_BY_VERSION: Final[dict[int, tuple[str, ...]]] = {
+    2: FIELDS, 3: (*FIELDS[:-2], "parity_gate", *FIELDS[-2:])}
+PARITY_GATE_FIELDS: Final = ("backend", "canary_set_hash", "result")
 CONTEXT_FIELDS: Final = ("effect_id", "epoch", "manifest_hash", "request_hash", "workload_id")
 PARAM_FIELDS: Final = ("max_tokens", "seed", "stop_token", "temperature_q16", "top_k",
                        "top_p_q16")
@@ -93,8 +109,13 @@ def receipt_hash(receipt: dict[str, Any]) -> str:
 
 
 def signing_bytes(receipt: dict[str, Any]) -> bytes:
+    """The bytes a receipt's signature covers: its version's prefix (version 2's for an unknown
+    version) + canonical(receipt without ``signature``)."""
     body = {k: v for k, v in receipt.items() if k != "signature"}
-    return SIGNING_CONTEXT + canonical_json(body)
+    version = receipt.get("receipt_version")
+    prefix = SIGNING_CONTEXTS.get(version, SIGNING_CONTEXT) if isinstance(version, int) \
+        and not isinstance(version, bool) else SIGNING_CONTEXT
+    return prefix + canonical_json(body)
 
 
 class ReceiptSigner:

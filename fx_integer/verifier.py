@@ -22,10 +22,10 @@ from .artifact import ArtifactError
 from .engine import IntegerEngine, ParamError, reexecute_receipt
 from .receipt import (
     CONTEXT_FIELDS,
-    FIELDS,
+    FIELDS_BY_VERSION,
     GENESIS,
     PARAM_FIELDS,
-    RECEIPT_VERSION,
+    PARITY_GATE_FIELDS,
     input_hash,
     output_hash,
     receipt_hash,
@@ -107,7 +107,38 @@ def _malformed(receipt: dict[str, Any]) -> list[str]:
     elif not all(_is_int(prm[k]) for k in PARAM_FIELDS if k != "stop_token") or not (
             prm["stop_token"] is None or _is_int(prm["stop_token"])):
         bad.append("params values must be integers (stop_token: an integer or null)")
+    if "parity_gate" in receipt:  # version 3
+        bad.extend(_gate_malformed(receipt["parity_gate"]))
     return [MALFORMED + b for b in bad]
+
+
+def _gate_malformed(gate: Any) -> list[str]:
+    if not isinstance(gate, dict) or sorted(gate) != sorted(PARITY_GATE_FIELDS):
+        return [f"parity_gate must have exactly the fields {', '.join(PARITY_GATE_FIELDS)}"]
+    bad: list[str] = []
+    if gate["backend"] not in ("cpu-kernel", "cupy"):
+        bad.append("parity_gate.backend is not a gated backend (cpu-kernel, cupy)")
+    if gate["result"] not in ("passed", "refused"):
+        bad.append("parity_gate.result is neither passed nor refused")
+    from broker_schema.canonical import is_hash
+
+    if not (isinstance(gate["canary_set_hash"], str) and is_hash(gate["canary_set_hash"])):
+        bad.append("parity_gate.canary_set_hash is not sha256:<64 lowercase hex digits>")
+    return bad
+
+
+def _gate_reasons(receipt: dict[str, Any]) -> list[str]:
+    """A gated receipt's engine must be what its gate allowed: the gated backend when it
+    passed, the oracle (the fallback) when it refused; a refused backend never signs."""
+    gate = receipt.get("parity_gate")
+    if gate is None:
+        return []
+    backend = receipt["engine"].get("backend")
+    want = gate["backend"] if gate["result"] == "passed" else "oracle"
+    if backend != want:
+        return [f"parity_gate says {gate['backend']} {gate['result']}, but the receipt was "
+                f"produced by backend {backend!r} (expected {want!r})"]
+    return []
 
 
 def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
@@ -118,11 +149,13 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
     if not isinstance(receipt, dict):
         return [MALFORMED + f"a receipt is a JSON object, not {type(receipt).__name__}"], passed
     version = receipt.get("receipt_version")
-    if version != RECEIPT_VERSION:
-        return [f"unknown receipt_version {version!r}: this verifier reads version "
-                f"{RECEIPT_VERSION} only (version 1 receipts bound no request context and are "
-                "not accepted)"], passed
-    missing = [f for f in FIELDS if f not in receipt]
+    fields = FIELDS_BY_VERSION.get(version) if isinstance(version, int) \
+        and not isinstance(version, bool) else None
+    if fields is None:
+        return [f"unknown receipt_version {version!r}: this verifier reads versions "
+                f"{', '.join(map(str, FIELDS_BY_VERSION))} only (version 1 receipts bound no "
+                "request context and are not accepted)"], passed
+    missing = [f for f in fields if f not in receipt]
     if missing:
         return [f"receipt lacks fields: {', '.join(missing)}"], passed
     malformed = _malformed(receipt)
@@ -133,9 +166,13 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
         receipt_hash(receipt)
     except (TypeError, ValueError, RecursionError) as exc:
         return [MALFORMED + f"not encodable as canonical JSON ({type(exc).__name__})"], passed
-    extra = sorted(set(receipt) - set(FIELDS))
+    extra = sorted(set(receipt) - set(fields))
     if extra:
         reasons.append(f"receipt has unknown fields: {', '.join(extra)}")
+    gate_reasons = _gate_reasons(receipt)
+    reasons.extend(gate_reasons)
+    if "parity_gate" in receipt and not gate_reasons:
+        passed.append("parity_gate (the backend that signed is the one the gate allowed)")
     ctx = receipt["context"]
     if ctx is not None:
         from broker_schema.records import parse_effect_id

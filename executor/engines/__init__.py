@@ -32,7 +32,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
@@ -90,6 +90,12 @@ class EngineOptions:
     #: The integer engine's backend: ``auto`` = ``cupy`` when a CUDA device is there and
     #: ``device`` is not ``cpu``, else the numpy ``oracle``.
     integer_backend: IntegerBackend = "auto"
+    #: What the integer engine does with a backend that fails its parity gate: serve the model
+    #: on the oracle (``fallback``) or not at all (``refuse``).
+    parity_failure: Literal["fallback", "refuse"] = "fallback"
+    #: Called (from a worker thread) with each parity gate's fact (a
+    #: :class:`broker_schema.records.ParityGateFact`): the service's metrics.
+    on_parity_gate: Callable[[Any], None] | None = None
 
 
 @runtime_checkable

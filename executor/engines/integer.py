@@ -23,6 +23,17 @@ head is kept in ``EngineOptions.receipt_chain_file`` (beside the node key) and a
 under an exclusive file lock, before a receipt leaves the engine: a restarted node continues its
 chain, and two processes sharing one key file still produce one chain, never a fork.
 
+Parity gate: on a backend other than the numpy oracle (``cpu-kernel``, ``cupy``), :meth:`load`
+first runs :mod:`fx_integer.parity_gate` (the committed canaries through the oracle and the
+backend, byte for byte). Passed: the backend serves, and its receipts (version 3) bind
+``parity_gate`` = {backend, result "passed", canary_set_hash}. Refused (a difference, or any
+exception in the backend): logged at ERROR, counted in the metrics, recorded in
+:meth:`IntegerEngineAdapter.parity_gates` (``sys.facts``), and then, by
+``EngineOptions.parity_failure``, the model is served on the oracle (``fallback``: receipts say
+backend ``oracle`` and bind the refusal) or not at all (``refuse``: every request of the model is
+answered ``parity_gate_refused``, without running the gate again). The refused backend never
+answers a request.
+
 Errors: invalid parameters (or a non-UTF-8 input used as the prompt) are ``params_invalid`` /
 ``input_invalid`` for that request only; a fixed-point bound violation or any other failure while
 running is ``engine_error``. A failed batch is re-run one request at a time so that only the
@@ -37,6 +48,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -44,11 +56,15 @@ from typing import Any, Final
 from pydantic import JsonValue
 
 from broker_schema.canonical import hash_from_hex, hex_of_hash
+from broker_schema.records import ParityGateFact
 from broker_schema.signatures import SigningKey
 from executor.engines import EngineOptions, EngineResult
 from executor.errors import EngineError
 from executor.models import ModelManifest, ModelStore
+from executor.parity import gate_fact, log_gate, serving_backend
+from fx_integer import artifact as int_artifact
 from fx_integer import engine as int_engine
+from fx_integer import parity_gate
 from fx_integer.artifact import ArtifactError
 from fx_integer.oracle import FixedPointOverflow
 from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_context
@@ -266,7 +282,14 @@ class IntegerEngineAdapter:
         self.signer = self._make_signer()
         self._engines: dict[str, int_engine.IntegerEngine] = {}
         self._manifests: dict[str, ModelManifest] = {}
+        #: model hash -> its latest parity gate run (gated backends only)
+        self._gates: dict[str, ParityGateFact] = {}
         self._lock = threading.Lock()
+
+    def parity_gates(self) -> tuple[ParityGateFact, ...]:
+        """The parity gate runs of the models loaded or refused here (for ``sys.facts``)."""
+        with self._lock:
+            return tuple(self._gates[h] for h in sorted(self._gates))
 
     def _make_signer(self) -> ReceiptSigner:
         opts = self.options
@@ -288,12 +311,18 @@ class IntegerEngineAdapter:
         with self._lock:
             if manifest.hash in self._engines:
                 return
+            gate = self._gates.get(manifest.hash)
+        if gate is not None and gate.serving is None:  # refused before: never run it again
+            raise EngineError("parity_gate_refused", _refusal(gate))
         if manifest.engine != ENGINE:
             raise EngineError("engine_error", f"{manifest.hash} is a {manifest.engine!r} model")
         want = hex_of_hash(manifest.hash)
         try:
-            eng = int_engine.IntegerEngine.from_bytes(
-                model_bytes, expected_model_hash=want, backend=self.backend, signer=self.signer)
+            art = int_artifact.parse(model_bytes)
+            if art.model_hash != want:
+                raise ArtifactError(f"modelHash mismatch: the bytes hash to {art.model_hash}, "
+                                    f"expected {want}")
+            eng = self._engine_behind_gate(art)
         except (ArtifactError, KeyError, ArithmeticError) as exc:
             # ArtifactError: not a valid artifact; KeyError: a tensor the engine needs is not in
             # it; FixedPointOverflow (ArithmeticError): scales outside the proven-exact bound.
@@ -306,6 +335,38 @@ class IntegerEngineAdapter:
             self._manifests[manifest.hash] = manifest
         log.info("integer engine: loaded %s (%s backend, %d layers)", manifest.hash,
                  self.backend, eng.config.n_layers)
+
+    def _engine_behind_gate(self, art: int_artifact.Artifact) -> int_engine.IntegerEngine:
+        """The engine that serves ``art``: the configured backend's, once past its gate."""
+        if self.backend not in parity_gate.GATED_BACKENDS:  # the oracle is the reference
+            return int_engine.IntegerEngine.from_artifact(art, backend=self.backend,
+                                                          signer=self.signer)
+        canaries = parity_gate.load_canaries()
+        oracle = int_engine.IntegerEngine.from_artifact(art, backend="oracle")
+        gated: int_engine.IntegerEngine | None = None
+        try:
+            gated = int_engine.IntegerEngine.from_artifact(art, backend=self.backend)
+        except Exception as exc:  # kernels that do not build or load: refused, not a crash
+            result = parity_gate.refused_on_error(model_hash=art.model_hash,
+                                                  backend=self.backend, canary_set=canaries,
+                                                  error=exc)
+        else:
+            result = parity_gate.run_gate(gated, oracle=oracle, canary_set=canaries)
+        policy = self.options.parity_failure
+        fact = gate_fact(result, policy, now_us=time.time_ns() // 1000)
+        log_gate(fact)
+        with self._lock:
+            self._gates[fact.model] = fact
+        if self.options.on_parity_gate is not None:
+            self.options.on_parity_gate(fact)
+        serving = serving_backend(result, policy)
+        if serving is None:
+            raise EngineError("parity_gate_refused", _refusal(fact))
+        eng = gated if result.passed and gated is not None else oracle
+        assert eng.backend == serving
+        eng.signer = self.signer
+        eng.parity_gate = parity_gate.receipt_field(result)
+        return eng
 
     def loaded(self) -> frozenset[str]:
         with self._lock:
@@ -368,6 +429,12 @@ class IntegerEngineAdapter:
                 return [r for item in todo for r in self._run(eng, [item], ctxs)]
             return [(todo[0][0], _engine_error(exc))]
         return [(i, _result(o)) for (i, _), o in zip(todo, outs, strict=True)]
+
+
+def _refusal(fact: ParityGateFact) -> str:
+    return (f"backend {fact.backend} failed its parity gate for {fact.model} (canary set "
+            f"{fact.canary_set_hash}: {fact.mismatch}) and this executor serves no fallback "
+            "(parity_failure = refuse)")
 
 
 def _engine_error(exc: BaseException) -> EngineError:

@@ -43,6 +43,11 @@ extern "C" __global__ void nl_q4_matmul(const unsigned char* __restrict__ codes,
         acc += (i64)scale[(i64)o * nb + b] * p + (i64)offset[(i64)o * nb + b] * s;
     }
     acc = block_sum(acc, red);
+#ifdef NL_PARITY_FAULT
+    // A deliberately broken build (never defined for a GPU or a normal CPU build): one
+    // accumulation off by one unit of the output, the parity gate's refusal test.
+    if (o == 0) acc += (i64)1 << 24;
+#endif
     if (threadIdx.x == 0) y[(i64)t * O + o] = rshift_round(acc, 24);
 }
 

@@ -144,6 +144,7 @@ def test_gpu_check_without_the_artifact_falls_back(fake: Any, tmp_path: Path,
                              GPU_CHECK_THREADS="0", GPU_CHECK_BATCHES="1")
     assert rep["model"]["model"] == "synthetic-real-shapes"
     assert "FileNotFoundError" in rep["model"]["artifact_error"]
+    assert "skipped" in rep["parity_gate"]
     _check_report(rc, rep)
     # the stand-in streams exactly the real model's bytes per token
     assert rep["decode"]["weight_bytes"] == 111_617_280  # = the real artifact's
@@ -167,6 +168,10 @@ def test_gpu_check_on_the_real_model_truncated(fake: Any, tmp_path: Path,
     _check_report(rc, rep)
     assert set(rep["decode"]["tok_s"]) == {"1", "2"}
     assert all(len(t) == 2 for t in rep["parity"]["generated_tokens"])
+    # the executor's parity gate, run for the cupy backend as a GPU node runs it before serving
+    gate = rep["parity_gate"]
+    assert (gate["backend"], gate["result"], gate["mismatch"]) == ("cupy", "passed", None)
+    assert gate["canaries"] >= 3 and len(gate["canary_set_sha256"]) == 64
 
 
 def test_real_shapes_are_the_real_models(tmp_path: Path) -> None:

@@ -173,13 +173,13 @@ def test_receipt_internal_checks(bound: tuple[dict[str, Any], dict[str, Any]],
         assert res.reasons and all(r.startswith("malformed receipt: ") for r in res.reasons)
 
 
-@pytest.mark.parametrize("version", [1, 3, "2", None])
+@pytest.mark.parametrize("version", [1, 4, "2", None])
 def test_unknown_versions_are_refused(bound: tuple[dict[str, Any], dict[str, Any]],
                                       version: Any, synth_path: Path) -> None:
     receipt, _ = bound
     res = verify({**receipt, "receipt_version": version}, artifact_path=synth_path)
-    assert res.reasons == [f"unknown receipt_version {version!r}: this verifier reads version 2 "
-                           "only (version 1 receipts bound no request context and are not "
+    assert res.reasons == [f"unknown receipt_version {version!r}: this verifier reads versions "
+                           "2, 3 only (version 1 receipts bound no request context and are not "
                            "accepted)"]
 
 
