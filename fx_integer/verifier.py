@@ -196,23 +196,35 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
 
 def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | None = None,
            prev: dict[str, Any] | None = None, trusted_keys: Iterable[str] | None = None,
-           reexecute: bool = True) -> VerifyResult:
-    """Check signature, hashes and chain link, then re-execute the numpy oracle from the
-    committed artifact (pinned by ``model_hash``) and compare every output byte."""
+           reexecute: bool = True, step_by_step: bool = False,
+           backend: str | None = None) -> VerifyResult:
+    """Check signature, hashes and chain link, then re-execute the oracle from the committed
+    artifact (pinned by ``model_hash``) and compare every output byte.
+
+    Re-execution teacher-forces the receipt's output in one forward (``step_by_step`` decodes
+    token by token instead; both give the same tokens and digest). ``backend``: ``oracle``
+    (the numpy oracle) or ``oracle-native`` (its compiled twin, byte-identical); the default
+    is :func:`int_kernel.verifier_backend` (``oracle-native`` when it builds, unless
+    ``FX_INTEGER_ORACLE=numpy``)."""
     reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
     if any(r.startswith(("receipt lacks", "unknown receipt_version", MALFORMED))
            for r in reasons):
         return VerifyResult(ok=False, reasons=reasons, checks=passed)
     if reexecute:
         path = Path(artifact_path) if artifact_path is not None else _paths.default_artifact_path()
+        if backend is None:
+            from .int_kernel import verifier_backend
+
+            backend = verifier_backend()
         try:
-            eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"])
+            eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"],
+                                       backend=backend)
         except (ArtifactError, OSError) as e:
             reasons.append(f"cannot load the committed artifact: {e}")
             return VerifyResult(ok=False, reasons=reasons, checks=passed)
         passed.append("artifact hash == model_hash")
         try:
-            toks, digest = reexecute_receipt(eng, receipt)
+            toks, digest = reexecute_receipt(eng, receipt, step_by_step=step_by_step)
         except (ParamError, ValueError, ArithmeticError) as e:
             reasons.append(f"re-execution failed: {e}")
             return VerifyResult(ok=False, reasons=reasons, checks=passed)
@@ -230,6 +242,8 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
                            "were not byte-identical")
         else:
             passed.append("logits_digest == oracle re-execution")
+        passed.append(f"re-executed on {backend}, "
+                      f"{'step by step' if step_by_step else 'teacher-forced'}")
         stop = receipt["params"]["stop_token"]
         text_toks = claimed[:-1] if claimed and claimed[-1] == stop else claimed
         try:
