@@ -1,14 +1,15 @@
 """The compiled exact-integer path of the oracle: backend ``oracle-native``.
 
-:class:`NativeOps` is :class:`~fx_integer.oracle.OracleOps` with its two costly operations, the
-quantized matmuls and RMSNorm, done by ``int_kernel/int_kernel.c`` (built with g++ at first use,
-cached by source digest under ``<cache>/int_kernel/<digest>/``, called through ctypes). Every
-value there is an integer and every sum exact (see the C file), so threads and SIMD cannot change
-a bit: the parity tests (tests/unit/integer/test_int_kernel.py) compare its logits and digests
-byte for byte with the numpy oracle's on the real model. The numpy oracle stays the canonical
-reference: where the numpy op would raise :class:`~fx_integer.oracle.FixedPointOverflow` (or an
-input is outside the range the C code handles), the C function returns a status and the numpy
-op runs instead, so errors are the oracle's own.
+:class:`NativeOps` is :class:`~fx_integer.oracle.OracleOps` with its costly operations, the
+quantized matmuls, RMSNorm and SwiGLU, done by ``int_kernel/int_kernel.c`` (built with g++ at
+first use, cached by source digest under ``<cache>/int_kernel/<digest>/``, called through
+ctypes). Every value there is an integer and every sum exact (see the C file), so threads and
+SIMD cannot change a bit: the parity tests (tests/unit/integer/test_int_kernel.py) compare its
+logits and digests byte for byte with the numpy oracle's on the real model. The numpy oracle
+stays the canonical reference: where the numpy op would raise
+:class:`~fx_integer.oracle.FixedPointOverflow` (or an input is outside the range the C code
+handles), the C function returns a status and the numpy op runs instead, so errors are the
+oracle's own.
 
 Naming, for honest receipts: ``oracle`` is the numpy oracle and nothing else; an engine built
 with ``backend="oracle-native"`` writes ``oracle-native`` into its receipts. The verifier
@@ -44,6 +45,7 @@ from .oracle import (
     piece_split,
     rmsnorm,
     split_pieces,
+    swiglu,
 )
 
 I64 = npt.NDArray[np.int64]
@@ -115,6 +117,8 @@ def library() -> ctypes.CDLL:
         lib.nl_qmatmul.restype = i
         lib.nl_rmsnorm.argtypes = [p, i, i, p, ll, p]
         lib.nl_rmsnorm.restype = i
+        lib.nl_swiglu.argtypes = [p, p, i, i, ll, p]
+        lib.nl_swiglu.restype = i
         _lib = lib
         return lib
 
@@ -160,7 +164,7 @@ class _NativeMatrix:
 
 
 class NativeOps(OracleOps):
-    """The oracle's operations with the matmuls and RMSNorm compiled (byte-identical)."""
+    """The oracle's operations with the matmuls, RMSNorm and SwiGLU compiled (byte-identical)."""
 
     def __init__(self, art: Artifact, *, threads: int | None = None) -> None:
         self.lib = library()
@@ -218,4 +222,21 @@ class NativeOps(OracleOps):
                                  int(self.config.norm_eps_q32), out.ctypes.data)
         if st != 0:  # outside the range the C code handles: the canonical op answers
             return rmsnorm(x, g, self.config.norm_eps_q32)
+        return out
+
+    def swiglu(self, g: I64, u: I64) -> I64:
+        """silu(g) * u; ``g`` and ``u`` may be column slices of one array (the forward pass's)."""
+        if g.shape != u.shape or g.ndim != 2:
+            return swiglu(g, u)
+        if not (g.dtype == u.dtype == np.int64 and g.strides[1] == u.strides[1] == 8
+                and g.strides[0] == u.strides[0] and g.strides[0] % 8 == 0
+                and g.strides[0] >= 8 * g.shape[1]):
+            g, u = np.ascontiguousarray(g, dtype=np.int64), np.ascontiguousarray(u, np.int64)
+        out = np.empty(g.shape, dtype=np.int64)
+        if g.size == 0:
+            return out
+        st = self.lib.nl_swiglu(g.ctypes.data, u.ctypes.data, g.shape[0], g.shape[1],
+                                g.strides[0] // 8, out.ctypes.data)
+        if st != 0:
+            return swiglu(g, u)  # raises the oracle's FixedPointOverflow
         return out

@@ -175,6 +175,55 @@ int nl_rmsnorm(const int64_t *x, int T, int D, const int64_t *gain, int64_t eps_
     return 0;
 }
 
+/* ----------------------------------------------------------------- SwiGLU (oracle.swiglu) */
+
+static const int64_t EXP2_POLY_Q30[8] = {1073741824, 744261124, 257941118, 59598166,
+                                         10323001, 1441201, 154140, 23074};
+#define LOG2E_Q30 1549082005LL
+#define EXP2_ARG_MIN (-(1LL << 26))
+#define SWIGLU_LIMIT (1LL << 31)
+
+static inline int64_t rshift_round(int64_t x, int s) { return (x + (1LL << (s - 1))) >> s; }
+
+static inline int64_t exp2_neg_q30(int64_t t) { /* _fixed.exp2_neg_q30, t <= 0 */
+    if (t < EXP2_ARG_MIN) t = EXP2_ARG_MIN;
+    int64_t i = t >> 16;
+    int64_t fr = t - i * 65536;
+    int64_t acc = EXP2_POLY_Q30[7];
+    for (int c = 6; c >= 0; c--) acc = rshift_round(acc * fr, 16) + EXP2_POLY_Q30[c];
+    int64_t sh = -i < 40 ? -i : 40;
+    return rshift_round_var(acc, sh);
+}
+
+static inline int64_t sigmoid_q30(int64_t x) { /* _fixed.sigmoid_q30 */
+    int64_t a = iabs64(x);
+    if (a > (1LL << 26)) a = 1LL << 26;
+    int64_t t = -rshift_round(a * LOG2E_Q30, 30);
+    int64_t e = exp2_neg_q30(t);
+    int64_t den = (1LL << 30) + e;
+    if (x >= 0) return ((1LL << 60) + (den >> 1)) / den;
+    return ((e << 30) + (den >> 1)) / den;
+}
+
+/* g, u: [T, N] rows of stride `stride` (elements) -> out [T, N] Q.16 = silu(g) * u. Returns 0,
+ * or 1 where the numpy oracle raises (|g| or |u| past SWIGLU_LIMIT). */
+int nl_swiglu(const int64_t *g, const int64_t *u, int T, int N, long long stride,
+              int64_t *out) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < N; i++) {
+            int64_t gv = g[(size_t)t * stride + i], uv = u[(size_t)t * stride + i];
+            if (gv < -SWIGLU_LIMIT || gv > SWIGLU_LIMIT || uv < -SWIGLU_LIMIT
+                || uv > SWIGLU_LIMIT) return 1;
+        }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < N; i++) {
+            int64_t gv = g[(size_t)t * stride + i], uv = u[(size_t)t * stride + i];
+            int64_t silu = rshift_round(gv * sigmoid_q30(gv), 30);
+            out[(size_t)t * N + i] = rshift_round(silu * uv, 16);
+        }
+    return 0;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -121,6 +121,19 @@ def test_ops_identical_over_input_ranges(real_oracle: OracleOps,
     x[2, 7] = 1 << min(scale_bits + 8, 40)  # one spike
     for gain in ("blk.0.attn_norm", "blk.12.ffn_norm", "output_norm"):
         assert real_native.rmsnorm(x, gain).tobytes() == real_oracle.rmsnorm(x, gain).tobytes()
+    f = real_oracle.config.d_ff
+    gu = rng.integers(-(1 << scale_bits), (1 << scale_bits) + 1, size=(3, 2 * f), dtype=np.int64)
+    gu[0, :9] = [0, 1, -1, 1 << 26, -(1 << 26), (1 << 26) + 1, 1 << 31, -(1 << 31), 12345]
+    want_s = real_oracle.swiglu(gu[:, :f], gu[:, f:])
+    assert real_native.swiglu(gu[:, :f], gu[:, f:]).tobytes() == want_s.tobytes()
+    assert real_native.swiglu(np.ascontiguousarray(gu[:, :f]),
+                              np.ascontiguousarray(gu[:, f:])).tobytes() == want_s.tobytes()
+    gu[2, 3] = (1 << 31) + 1
+    with pytest.raises(FixedPointOverflow) as want_e:
+        real_oracle.swiglu(gu[:, :f], gu[:, f:])
+    with pytest.raises(FixedPointOverflow) as got_e:
+        real_native.swiglu(gu[:, :f], gu[:, f:])
+    assert str(got_e.value) == str(want_e.value)
 
 
 def test_overflow_is_the_oracles(real_oracle: OracleOps,
