@@ -74,7 +74,7 @@ CHAIN_FORMAT: Final = "fx-receipt-chain/1"
 #: Requests per ``run_batch`` call. The numpy oracle gains little from batching (its per-block
 #: int64 combination does not use BLAS) and a batch ends with its longest request, so keep it small
 #: on the CPU; on the GPU a batch streams the weights once for every sequence.
-MAX_BATCH: Final = {"oracle": 4, "cpu-kernel": 4, "cupy": 64}
+MAX_BATCH: Final = {"oracle": 4, "oracle-native": 4, "cpu-kernel": 4, "cupy": 64}
 _MAX_JSON_INT: Final = 2**53 - 1
 _DOCS: Final[dict[str, str]] = {
     "prompt": "prompt text, tokenized with the artifact's byte-level BPE as text (a special "
