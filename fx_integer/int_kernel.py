@@ -1,9 +1,9 @@
 """The compiled exact-integer path of the oracle: backend ``oracle-native``.
 
-:class:`NativeOps` is :class:`~fx_integer.oracle.OracleOps` with its costly operations, the
-quantized matmuls, RMSNorm and SwiGLU, done by ``int_kernel/int_kernel.c`` (built with g++ at
-first use, cached by source digest under ``<cache>/int_kernel/<digest>/``, called through
-ctypes). Every value there is an integer and every sum exact (see the C file), so threads and
+:class:`NativeOps` is :class:`~fx_integer.oracle.OracleOps` with its costly operations (the
+quantized matmuls, RMSNorm, SwiGLU and attention) done by ``int_kernel/int_kernel.c``, built with
+g++ at first use, cached by source digest under ``<cache>/int_kernel/<digest>/``, called through
+ctypes. Every value there is an integer and every sum exact (see the C file), so threads and
 SIMD cannot change a bit: the parity tests (tests/unit/integer/test_int_kernel.py) compare its
 logits and digests byte for byte with the numpy oracle's on the real model. The numpy oracle
 stays the canonical reference: where the numpy op would raise
@@ -38,6 +38,7 @@ from ._paths import cache_dir
 from .artifact import Artifact
 from .oracle import (
     OracleOps,
+    attention,
     check_matmul_input,
     exactness_weights,
     fuse_q4,
@@ -119,6 +120,8 @@ def library() -> ctypes.CDLL:
         lib.nl_rmsnorm.restype = i
         lib.nl_swiglu.argtypes = [p, p, i, i, ll, p]
         lib.nl_swiglu.restype = i
+        lib.nl_attention.argtypes = [p, p, p, p, i, i, i, i, i, ll, p, p]
+        lib.nl_attention.restype = i
         _lib = lib
         return lib
 
@@ -164,7 +167,7 @@ class _NativeMatrix:
 
 
 class NativeOps(OracleOps):
-    """The oracle's operations with the matmuls, RMSNorm and SwiGLU compiled (byte-identical)."""
+    """The oracle's operations with matmuls, RMSNorm, SwiGLU, attention compiled (same bytes)."""
 
     def __init__(self, art: Artifact, *, threads: int | None = None) -> None:
         self.lib = library()
@@ -239,4 +242,21 @@ class NativeOps(OracleOps):
                                 g.strides[0] // 8, out.ctypes.data)
         if st != 0:
             return swiglu(g, u)  # raises the oracle's FixedPointOverflow
+        return out
+
+    def attention(self, q: I64, k: I64, v: I64, qpos: I64) -> I64:
+        n, h, hd = q.shape
+        m, kvh, _ = k.shape
+        scale = self.config.attn_scale_q30
+        if n == 0 or m == 0 or v.shape != k.shape or k.shape[2] != hd:
+            return attention(q, k, v, qpos, scale)
+        q, k, v = (np.ascontiguousarray(a, dtype=np.int64) for a in (q, k, v))
+        pos = np.ascontiguousarray(qpos, dtype=np.int64)
+        out = np.empty((n, h * hd), dtype=np.int64)
+        work = np.empty(m, dtype=np.int64)
+        st = self.lib.nl_attention(q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data,
+                                   n, h, kvh, hd, m, int(scale), out.ctypes.data,
+                                   work.ctypes.data)
+        if st != 0:  # the oracle's own bound errors, or a case the C code leaves to numpy
+            return attention(q, k, v, qpos, scale)
         return out

@@ -224,6 +224,63 @@ int nl_swiglu(const int64_t *g, const int64_t *u, int T, int N, long long stride
     return 0;
 }
 
+/* -------------------------------------------------------------- attention (oracle.attention) */
+
+#define QK_LIMIT ((1LL << 28) - 1)
+#define V_LIMIT (1LL << 31)
+
+/* Causal GQA attention of new rows q [n, H, hd] over cache rows k, v [m, KV, hd] (all
+ * contiguous), query positions qpos [n]: out [n, H * hd] Q.16. Scores exact in int64, softmax
+ * in base 2 with the integer exp2, probabilities Q.30, as oracle.attention. work: m int64.
+ * Returns 0, or 1 where the numpy oracle raises (a bound) or the input is outside the range
+ * handled here. */
+int nl_attention(const int64_t *q, const int64_t *k, const int64_t *v, const int64_t *qpos,
+                 int n, int H, int KV, int hd, int m, int64_t scale_q30, int64_t *out,
+                 int64_t *work) {
+    if (KV <= 0 || H % KV != 0 || m <= 0) return 1;
+    const int g = H / KV;
+    for (size_t i = 0; i < (size_t)n * H * hd; i++)
+        if (q[i] < -QK_LIMIT || q[i] > QK_LIMIT) return 1;
+    for (size_t i = 0; i < (size_t)m * KV * hd; i++) {
+        if (k[i] < -QK_LIMIT || k[i] > QK_LIMIT) return 1;
+        if (v[i] < -V_LIMIT || v[i] > V_LIMIT) return 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (qpos[i] < 0) return 1;
+    for (int i = 0; i < n; i++) {
+        const int64_t last = qpos[i] < m - 1 ? qpos[i] : m - 1; /* allowed: j <= last */
+        for (int h = 0; h < H; h++) {
+            const int kh = h / g;
+            const int64_t *qr = q + ((size_t)i * H + h) * hd;
+            int64_t mx = INT64_MIN;
+            for (int64_t j = 0; j <= last; j++) {
+                const int64_t *kr = k + ((size_t)j * KV + kh) * hd;
+                int64_t raw = 0;
+                for (int d = 0; d < hd; d++) raw += qr[d] * kr[d];
+                work[j] = raw;
+                if (raw > mx) mx = raw;
+            }
+            int64_t tot = 0;
+            for (int64_t j = 0; j <= last; j++) {
+                int64_t z = rshift_round(work[j] - mx, 16);
+                if (z < EXP2_ARG_MIN) z = EXP2_ARG_MIN;
+                int64_t t = rshift_round(z * scale_q30, 30);
+                work[j] = exp2_neg_q30(t);
+                tot += work[j];
+            }
+            int64_t *orow = out + (size_t)i * H * hd + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) orow[d] = 0;
+            for (int64_t j = 0; j <= last; j++) {
+                const int64_t prob = ((work[j] << 30) + (tot >> 1)) / tot;
+                const int64_t *vr = v + ((size_t)j * KV + kh) * hd;
+                for (int d = 0; d < hd; d++) orow[d] += prob * vr[d];
+            }
+            for (int d = 0; d < hd; d++) orow[d] = rshift_round(orow[d], 30);
+        }
+    }
+    return 0;
+}
+
 #ifdef __cplusplus
 }
 #endif

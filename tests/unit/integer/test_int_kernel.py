@@ -1,7 +1,8 @@
 """The compiled exact-integer path (backend ``oracle-native``, ``fx_integer.int_kernel``) against
 the numpy oracle, the canonical reference: logits and digests compared as bytes on the real
 SmolLM2 artifact (several prompts, batch sizes, prefill and decode) and on the synthetic one,
-single ops over wide input ranges, and the same FixedPointOverflow where the oracle raises."""
+single ops (matmuls, RMSNorm, SwiGLU, attention) over wide input ranges, and the same
+FixedPointOverflow where the oracle raises."""
 
 from __future__ import annotations
 
@@ -133,6 +134,30 @@ def test_ops_identical_over_input_ranges(real_oracle: OracleOps,
         real_oracle.swiglu(gu[:, :f], gu[:, f:])
     with pytest.raises(FixedPointOverflow) as got_e:
         real_native.swiglu(gu[:, :f], gu[:, f:])
+    assert str(got_e.value) == str(want_e.value)
+
+
+@pytest.mark.parametrize("bits", [4, 16, 24, 27, 28])
+def test_attention_identical(real_oracle: OracleOps, real_native: int_kernel.NativeOps,
+                             bits: int) -> None:
+    """Random q, k, v of growing magnitude (up to the QK bound 2**28 - 1 and past it), rows at
+    their positions in the cache (a prefill chunk, a decode row, an offset chunk)."""
+    cfg = real_oracle.config
+    h, kvh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    rng = np.random.default_rng(bits)
+    lim = min((1 << bits), (1 << 28) - 1)
+    for n, m, start in ((7, 7, 0), (1, 13, 12), (4, 20, 9), (3, 3, 0)):
+        q = rng.integers(-lim, lim + 1, size=(n, h, hd), dtype=np.int64)
+        k = rng.integers(-lim, lim + 1, size=(m, kvh, hd), dtype=np.int64)
+        v = rng.integers(-(1 << 31), (1 << 31) + 1, size=(m, kvh, hd), dtype=np.int64)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        want = real_oracle.attention(q, k, v, pos)
+        assert real_native.attention(q, k, v, pos).tobytes() == want.tobytes()
+    q[0, 0, 0] = 1 << 28  # past the bound: the oracle's error
+    with pytest.raises(FixedPointOverflow) as want_e:
+        real_oracle.attention(q, k, v, pos)
+    with pytest.raises(FixedPointOverflow) as got_e:
+        real_native.attention(q, k, v, pos)
     assert str(got_e.value) == str(want_e.value)
 
 
