@@ -9,9 +9,9 @@ integers, byte-identical) and, with ``--cpu-kernel``, the ``.cu`` kernels built 
 ``OPENBLAS_NUM_THREADS`` is set to 1 when unset (before numpy loads, so the float side and the
 numpy oracle run their BLAS on one thread) and ``--threads`` (default: the same number) is the
 compiled kernel's thread count: both sides get the same cores. Each figure is the median of
-``--repeat`` runs. ``--quick`` is the bounded mode for ``make bench`` (8 decode steps, 1 run).
-Prints a small table (and JSON with --json, ratios to the float reference included). Progress
-goes to stderr.
+``--repeat`` runs, taken round robin (every engine once per repeat). ``--quick`` is the bounded
+mode for ``make bench`` (8 decode steps, 1 run). Prints a small table (and JSON with --json,
+ratios to the float reference included). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ def decode_rate(ops: Ops, prompts: list[list[int]], n: int) -> dict[str, Any]:
             "decode_tok_s": round(toks / (t2 - t1), 2), "batch": len(prompts)}
 
 
-def median_rate(ops: Ops, prompts: list[list[int]], n: int, repeat: int) -> dict[str, Any]:
-    runs = [decode_rate(ops, prompts, n) for _ in range(repeat)]
-    runs.sort(key=lambda r: float(r["decode_tok_s"]))
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    runs = sorted(runs, key=lambda r: float(r["decode_tok_s"]))
     mid = dict(runs[len(runs) // 2])
     mid["runs_tok_s"] = [r["decode_tok_s"] for r in runs]
     mid["median_tok_s"] = statistics.median(float(r["decode_tok_s"]) for r in runs)
@@ -103,14 +102,24 @@ def main() -> int:
 
         engines.append(("integer .cu on CPU (g++, 1 thread)",
                         lambda: CpuKernelOps(art, threads=1)))
-    res: list[dict[str, Any]] = []
+    # Round robin: each repeat runs every engine once, so a change of the machine's load during
+    # the run weighs on every engine alike.
+    built: list[tuple[str, Any]] = []
     for name, make in engines:
-        print(f"bench: {name}", file=sys.stderr, flush=True)
-        ops = make()
-        r1 = median_rate(ops, [p], a.tokens, a.repeat)
-        rb = median_rate(ops, batch, a.tokens // 2, a.repeat) if a.batch > 1 else None
-        res.append({"engine": name, "single": r1, "batched": rb})
-        del ops
+        print(f"bench: preparing {name}", file=sys.stderr, flush=True)
+        built.append((name, make()))
+    singles: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in built}
+    batched: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in built}
+    for rep in range(a.repeat):
+        for name, ops in built:
+            print(f"bench: run {rep + 1}/{a.repeat}: {name}", file=sys.stderr, flush=True)
+            singles[name].append(decode_rate(ops, [p], a.tokens))
+            if a.batch > 1:
+                batched[name].append(decode_rate(ops, batch, a.tokens // 2))
+    res: list[dict[str, Any]] = [
+        {"engine": name, "single": median_of(singles[name]),
+         "batched": median_of(batched[name]) if batched[name] else None}
+        for name, _ in built]
     ref = res[0]
     for r in res:
         r["ratio_single"] = round(r["single"]["median_tok_s"] / ref["single"]["median_tok_s"], 3)
