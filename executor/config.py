@@ -118,9 +118,10 @@ class ExecutorConfig(BaseModel):
     #: inference (docs/executor.md, "Kinds without a model").
     handlers: dict[EffectKind, str] = Field(default_factory=dict)
     #: The integer engine's backend: ``auto`` (``cupy`` on a CUDA device unless ``device`` is
-    #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``cpu-kernel`` (the
+    #: ``cpu``, else ``oracle``), ``oracle`` (numpy, the canonical verifier), ``oracle-native``
+    #: (the oracle's matmuls and RMSNorm in exact-integer C, built with g++), ``cpu-kernel`` (the
     #: CUDA sources built with g++) or ``cupy``. Every backend is byte-identical to the oracle.
-    integer_backend: Literal["auto", "oracle", "cpu-kernel", "cupy"] = "auto"
+    integer_backend: Literal["auto", "oracle", "oracle-native", "cpu-kernel", "cupy"] = "auto"
     #: When a backend other than the oracle fails its parity gate (docs/integer-engine.md, "The
     #: parity gate"): ``fallback`` serves the model on the numpy oracle, ``refuse`` serves it not
     #: at all (its requests are answered ``parity_gate_refused``).

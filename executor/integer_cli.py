@@ -126,7 +126,8 @@ def _verify_workload(args: argparse.Namespace) -> int:
                             artifact=Path(args.artifact) if args.artifact else None,
                             store=store, strict_chain=args.strict_chain,
                             reexecute=not args.no_reexecute, progress=progress,
-                            trusted_keys=args.trusted_key or None, fleet_keys=fleet or None)
+                            trusted_keys=args.trusted_key or None, fleet_keys=fleet or None,
+                            step_by_step=args.step_by_step, backend=_oracle_backend(args))
     except (LookupError, TimeoutError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -200,7 +201,8 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     authenticated = trusted is not None or history is not None
     kw: dict[str, Any] = {"artifact_path": args.artifact, "trusted_keys": trusted,
-                          "reexecute": not args.no_reexecute}
+                          "reexecute": not args.no_reexecute,
+                          "step_by_step": args.step_by_step, "backend": _oracle_backend(args)}
     failed = 0
     prev: dict[str, Any] | None = None
     for i, (r, record) in enumerate(items):
@@ -243,6 +245,12 @@ def _verify(args: argparse.Namespace) -> int:
               "AUTHENTICATED: no --trusted-key or --fleet-key, so the signer's key was not "
               "checked against any trusted key")
     return exit_code(failed == 0, authenticated)
+
+
+def _oracle_backend(args: argparse.Namespace) -> str | None:
+    """``--numpy-oracle`` forces the numpy oracle; otherwise the verifier's default (its
+    compiled twin ``oracle-native`` where it builds, unless ``FX_INTEGER_ORACLE=numpy``)."""
+    return "oracle" if args.numpy_oracle else None
 
 
 def _certified_problem(history: Any, r: dict[str, Any], record: dict[str, Any] | None
@@ -290,6 +298,13 @@ def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser
                         "ones included, revoked ones not")
     p.add_argument("--no-reexecute", action="store_true",
                    help="check signature, hashes and chain only")
+    p.add_argument("--step-by-step", action="store_true",
+                   help="re-execute by decoding token by token (the cross-check) instead of "
+                        "teacher-forcing the receipt's output in one forward (same result)")
+    p.add_argument("--numpy-oracle", action="store_true",
+                   help="re-execute on the numpy oracle (the canonical reference) instead of "
+                        "its compiled, byte-identical twin oracle-native (also: "
+                        "FX_INTEGER_ORACLE=numpy)")
     p.set_defaults(func=_verify)
     return p
 

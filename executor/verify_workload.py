@@ -184,16 +184,21 @@ class Resolved:
     tried: list[str]
 
 
-def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
-                      ) -> Callable[[str], Resolved]:
+def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None,
+                      backend: str | None = None) -> Callable[[str], Resolved]:
     """``modelHash -> Resolved``: the first of ``artifact``, ``<store>/sha256/<modelHash>`` and
-    the integer engine's cache whose sha256 is the modelHash, with an oracle engine over it, and
-    the parameter defaults of the store's manifest (else the documented defaults)."""
+    the integer engine's cache whose sha256 is the modelHash, with an oracle engine over it
+    (``backend``: ``oracle`` or ``oracle-native``, by default the verifier's choice,
+    ``fx_integer.int_kernel.verifier_backend``), and the parameter defaults of the store's
+    manifest (else the documented defaults)."""
     from executor.engines.integer import default_params
     from executor.models import ModelManifest
     from fx_integer import _paths
     from fx_integer.artifact import ArtifactError
     from fx_integer.engine import IntegerEngine
+    from fx_integer.int_kernel import verifier_backend
+
+    chosen = backend or verifier_backend()
 
     def resolve(model_hash: str) -> Resolved:
         defaults = default_params()
@@ -221,7 +226,8 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
                 tried.append(f"{path}: absent")
                 continue
             try:  # cached per (path, hash): the re-execution reuses this engine
-                eng = IntegerEngine.cached(path, expected_model_hash=model_hash)
+                eng = IntegerEngine.cached(path, expected_model_hash=model_hash,
+                                           backend=chosen)
             except (ArtifactError, OSError) as exc:
                 tried.append(f"{path}: {exc}")
                 continue
@@ -363,6 +369,7 @@ def verify_records(
     progress: Callable[[str], None] | None = None,
     trusted_keys: Iterable[str] | None = None,
     key_history: KeyHistory | None = None,
+    step_by_step: bool = False,
 ) -> WorkloadVerification:
     """Check every receipt-carrying response of ``log`` (see the module docstring).
 
@@ -489,8 +496,10 @@ def verify_records(
                 (check.reasons if strict_chain else check.notes).append(gap)
         # 6. the receipt: signature, hashes, link, oracle re-execution
         if found_art.path is not None or not reexecute:
+            backend = found_art.engine.backend if found_art.engine is not None else None
             res = verifier.verify(receipt, artifact_path=found_art.path, prev=prev,
-                            reexecute=reexecute, trusted_keys=trusted)
+                                  reexecute=reexecute, trusted_keys=trusted,
+                                  step_by_step=step_by_step, backend=backend)
             check.reasons.extend(res.reasons)
             check.checks.extend(res.checks)
         else:
@@ -580,7 +589,8 @@ def run(bootstrap: str, workload_id: str, *, artifact: Path | None, store: Path 
         strict_chain: bool, reexecute: bool,
         progress: Callable[[str], None] | None = None,
         trusted_keys: Iterable[str] | None = None,
-        fleet_keys: list[bytes] | None = None) -> tuple[WorkloadVerification, list[str]]:
+        fleet_keys: list[bytes] | None = None, step_by_step: bool = False,
+        backend: str | None = None) -> tuple[WorkloadVerification, list[str]]:
     """Read the log (and, given ``fleet_keys``, the key history on ``sys.keys``) and verify it;
     returns the result and its rendered lines."""
     log = asyncio.run(read_log(bootstrap, workload_id))
@@ -589,9 +599,11 @@ def run(bootstrap: str, workload_id: str, *, artifact: Path | None, store: Path 
         from fx_kafka.keys import read_history
 
         history = asyncio.run(read_history(bootstrap, fleet_keys))
-    result = verify_records(log, resolve=artifact_resolver(artifact=artifact, store=store),
+    result = verify_records(log, resolve=artifact_resolver(artifact=artifact, store=store,
+                                                           backend=backend),
                             strict_chain=strict_chain, reexecute=reexecute, progress=progress,
-                            trusted_keys=trusted_keys, key_history=history)
+                            trusted_keys=trusted_keys, key_history=history,
+                            step_by_step=step_by_step)
     if history is not None:
         result.notes.extend(f"ignored {topics.KEYS}@{o}: {why}" for o, why in history.ignored)
     return result, render(result)

@@ -76,7 +76,8 @@ _CACHE_LOCK = threading.Lock()
 def engine_for(art: Artifact, *, backend: str = "oracle") -> IntegerEngine:
     """An unsigned :class:`IntegerEngine` over ``art`` (kept for reuse, by modelHash and
     backend: the same hash is the same bytes). ``backend``: ``oracle`` (numpy, the canonical
-    definition), ``cpu-kernel`` (the CUDA sources compiled for the CPU) or ``cupy``."""
+    definition), ``oracle-native`` (its compiled exact-integer twin, ``int_kernel``),
+    ``cpu-kernel`` (the CUDA sources compiled for the CPU) or ``cupy``."""
     key = (art.model_hash, backend)
     with _CACHE_LOCK:
         eng = _ENGINES.get(key)

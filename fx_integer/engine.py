@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Final
 import numpy as np
 
 from . import artifact
-from .generation import GenRequest, GenResult, generate_batch, to_host
+from .generation import GenRequest, GenResult, generate_batch, teacher_force, to_host
 from .oracle import KVCache, Ops, OracleOps, forward
 from .receipt import (
     RECEIPT_VERSION,
@@ -50,7 +50,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "stop_at_eos": True,
 }
 _KNOWN = frozenset({"prompt", "prompt_tokens", *DEFAULTS})
-BACKENDS: Final = ("oracle", "cpu-kernel", "cupy")
+BACKENDS: Final = ("oracle", "oracle-native", "cpu-kernel", "cupy")
 
 
 class ParamError(ValueError):
@@ -62,6 +62,10 @@ class ParamError(ValueError):
 def make_ops(art: artifact.Artifact, backend: str) -> Ops:
     if backend == "oracle":
         return OracleOps(art)
+    if backend == "oracle-native":
+        from .int_kernel import NativeOps
+
+        return NativeOps(art)
     if backend == "cpu-kernel":
         from .cpu_kernel import CpuKernelOps, env_defines
 
@@ -83,7 +87,7 @@ class IntegerEngine:
     name: ClassVar[str] = ENGINE_NAME
     version: ClassVar[str] = ENGINE_VERSION
     kind: ClassVar[str] = KIND
-    _cache: ClassVar[dict[tuple[str, str], IntegerEngine]] = {}
+    _cache: ClassVar[dict[tuple[str, str, str], IntegerEngine]] = {}
 
     def __init__(self, artifact_path: str | os.PathLike[str], *,
                  expected_model_hash: str | None = None, backend: str = "oracle",
@@ -132,12 +136,14 @@ class IntegerEngine:
 
     @classmethod
     def cached(cls, path: str | os.PathLike[str], *,
-               expected_model_hash: str | None = None) -> IntegerEngine:
-        """A process-wide oracle engine per (file, hash): what verifiers reuse."""
-        key = (str(Path(path).resolve()), expected_model_hash or "")
+               expected_model_hash: str | None = None,
+               backend: str = "oracle") -> IntegerEngine:
+        """A process-wide engine per (file, hash, backend): what verifiers reuse (``oracle``
+        or its compiled twin ``oracle-native``)."""
+        key = (str(Path(path).resolve()), expected_model_hash or "", backend)
         eng = cls._cache.get(key)
         if eng is None:
-            eng = cls(path, expected_model_hash=expected_model_hash)
+            eng = cls(path, expected_model_hash=expected_model_hash, backend=backend)
             cls._cache[key] = eng
         return eng
 
@@ -260,8 +266,13 @@ class IntegerEngine:
         }
 
 
-def reexecute_receipt(eng: IntegerEngine, receipt: dict[str, Any]) -> tuple[list[int], str]:
-    """Re-run a receipt's request on ``eng`` -> (output tokens, logits digest)."""
+def reexecute_receipt(eng: IntegerEngine, receipt: dict[str, Any], *,
+                      step_by_step: bool = False) -> tuple[list[int], str]:
+    """Re-run a receipt's request on ``eng`` -> (output tokens, logits digest).
+
+    By default the receipt's ``output_tokens`` are teacher-forced in one forward
+    (:func:`generation.teacher_force`: the same tokens and digest as decoding, by
+    construction); ``step_by_step`` decodes token by token instead (the cross-check)."""
     prm = receipt["params"]
     try:
         sp = SamplingParams(temperature_q16=int(prm["temperature_q16"]), top_k=int(prm["top_k"]),
@@ -277,6 +288,10 @@ def reexecute_receipt(eng: IntegerEngine, receipt: dict[str, Any]) -> tuple[list
         raise ParamError(f"receipt max_tokens {max_tokens} is outside 1..context - prompt")
     req = GenRequest(prompt_tokens=tuple(toks), max_tokens=max_tokens, sampling=sp,
                      stop_token=None if stop is None else int(stop))
+    claimed = receipt.get("output_tokens")
     with eng._lock:
-        res = generate_batch(eng.ops, [req])[0]
+        if step_by_step or not isinstance(claimed, list):
+            res = generate_batch(eng.ops, [req])[0]
+        else:
+            res = teacher_force(eng.ops, req, claimed)
     return res.output_tokens, res.logits_digest

@@ -1,4 +1,5 @@
-"""Prefill + decode loops over any backend's ``Ops`` (batched), with a logits digest."""
+"""Prefill + decode loops over any backend's ``Ops`` (batched), with a logits digest, and the
+teacher-forced re-execution of a claimed output (:func:`teacher_force`)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,55 @@ def generate_batch(ops: Ops, reqs: Sequence[GenRequest]) -> list[GenResult]:
 
 def generate(ops: Ops, req: GenRequest) -> GenResult:
     return generate_batch(ops, [req])[0]
+
+
+def teacher_force(ops: Ops, req: GenRequest, claimed: Sequence[int]) -> GenResult:
+    """Exactly what ``generate(ops, req)`` returns, computed by teacher-forcing ``claimed``.
+
+    One forward over the prompt and the claimed output (but its last token) gives, at each
+    output position, the very logits row the step-by-step decode computes there (a row's bytes
+    do not depend on how the tokens were chunked into forwards: every op is row-local except
+    attention, which reads the same cache rows). Walking those rows with the request's
+    sampling parameters and seed reproduces the decode's tokens and digest while they agree
+    with ``claimed``. At the first step where they do not (a different token, or a claimed
+    output that stops early or runs on), the cache is cut back to that position and decoding
+    continues token by token, as the step-by-step path would: the result is the same in every
+    case, and a receipt that tells the truth costs one forward.
+    """
+    if req.max_tokens <= 0:
+        return GenResult(output_tokens=[], logits_digest=hashlib.sha256().hexdigest())
+    prompt = list(req.prompt_tokens)
+    if not prompt:
+        raise ValueError("empty prompt")
+    vocab = ops.config.vocab_size
+    forced: list[int] = []
+    for t in list(claimed)[:max(0, req.max_tokens - 1)]:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+            break  # the decode cannot emit it: it diverges here at the latest
+        forced.append(int(t))
+    cache = KVCache(ops)
+    n = len(prompt)
+    rows = to_host(forward(ops, [(cache, prompt + forced)], all_logits=True,
+                           logits_from=n - 1)[0])
+    out: list[int] = []
+    digest = hashlib.sha256()
+    for i in range(len(forced) + 1):
+        row = rows[i]
+        digest.update(row.astype("<i8").tobytes())
+        tok = choose(row, req.sampling, i)
+        out.append(tok)
+        if len(out) >= req.max_tokens or tok == req.stop_token:
+            return GenResult(output_tokens=out, logits_digest=digest.hexdigest())
+        if i < len(forced) and tok == forced[i]:
+            continue
+        # diverged after out[:i] == forced[:i]: the cache holds prompt + out[:i] up to n + i
+        cache.length = n + i
+        del cache.tokens[n + i:]
+        break
+    while True:
+        row = to_host(forward(ops, [(cache, [out[-1]])])[0])[0]
+        digest.update(row.astype("<i8").tobytes())
+        tok = choose(row, req.sampling, len(out))
+        out.append(tok)
+        if len(out) >= req.max_tokens or tok == req.stop_token:
+            return GenResult(output_tokens=out, logits_digest=digest.hexdigest())

@@ -82,6 +82,23 @@ class QMatrix:
     n_pieces: int
 
 
+def exactness_weights(d: I64, m: I64 | None, qmax: int) -> I64:
+    """``(W[b] >> 10) + 1`` of the exactness check from block-major scales ``d``, offsets ``m``
+    ([nb, O], Q.24); raises :class:`FixedPointOverflow` when a scale is too large for it."""
+    w = qmax * np.abs(d)
+    if m is not None:
+        w = w + np.abs(m)
+    wmax = w.max(axis=1)  # [nb]
+    if wmax.max() >= (1 << 38):
+        raise FixedPointOverflow("quantization scales too large for the exactness bound")
+    return np.ascontiguousarray((wmax >> 10) + 1, dtype=np.int64)
+
+
+def piece_split(qmax: int) -> tuple[int, int]:
+    """(bits, pieces) of the float32 input split for codes of magnitude ``qmax``."""
+    return (16, 2) if qmax <= 15 else (12, 3)
+
+
 def _qmatrix(codes: npt.NDArray[Any], scale: npt.NDArray[Any],
              offset: npt.NDArray[Any] | None, qmax: int) -> QMatrix:
     o, k = codes.shape
@@ -89,14 +106,8 @@ def _qmatrix(codes: npt.NDArray[Any], scale: npt.NDArray[Any],
     c = np.ascontiguousarray(codes.reshape(o, nb, 32).transpose(1, 0, 2), dtype=np.float32)
     d = np.ascontiguousarray(scale.astype(np.int64).T)
     m = None if offset is None else np.ascontiguousarray(offset.astype(np.int64).T)
-    w = qmax * np.abs(d)
-    if m is not None:
-        w = w + np.abs(m)
-    wmax = w.max(axis=1)  # [nb]
-    if wmax.max() >= (1 << 38):
-        raise FixedPointOverflow("quantization scales too large for the exactness bound")
-    wq = (wmax >> 10) + 1
-    bits, pieces = (16, 2) if qmax <= 15 else (12, 3)
+    wq = exactness_weights(d, m, qmax)
+    bits, pieces = piece_split(qmax)
     return QMatrix(codes=c, scale=d, offset=m, wq=wq, out_features=o, in_features=k,
                    piece_bits=bits, n_pieces=pieces)
 
@@ -199,12 +210,14 @@ class KVCache:
 
 
 def forward(ops: Ops, batch: Sequence[tuple[KVCache, Sequence[int]]], *,
-            all_logits: bool = False) -> list[Any]:
+            all_logits: bool = False, logits_from: int = 0) -> list[Any]:
     """Append each sequence's new tokens to its cache; return logits ([rows, V] Q.16).
 
     Rows of all sequences go through the matmuls together (batching cannot change a row's
     bytes: every op is row-local except attention, which reads only its own sequence).
-    ``all_logits`` returns a row per new token, otherwise only the last row per sequence.
+    ``all_logits`` returns a row per new token from the ``logits_from``-th new token of each
+    sequence on (the output head runs on those rows only), otherwise only the last row per
+    sequence.
     """
     cfg = ops.config
     xp = ops.xp
@@ -213,6 +226,8 @@ def forward(ops: Ops, batch: Sequence[tuple[KVCache, Sequence[int]]], *,
     toks: list[int] = []
     pos: list[int] = []
     spans: list[tuple[int, int, int]] = []  # (row start, row end, cache length before)
+    if all_logits and any(not 0 <= logits_from < len(new) for _, new in batch):
+        raise ValueError("logits_from must be below every sequence's number of new tokens")
     for cache, new in batch:
         if len(new) == 0:
             raise ValueError("each sequence in a forward batch needs at least one new token")
@@ -253,7 +268,13 @@ def forward(ops: Ops, batch: Sequence[tuple[KVCache, Sequence[int]]], *,
     for (cache, new), (_, _, before) in zip(batch, spans, strict=True):
         cache.length = before + len(new)
         cache.tokens.extend(int(t) for t in new)
-    if all_logits:
+    if all_logits and logits_from > 0:
+        idx = np.concatenate([np.arange(r0 + logits_from, r1, dtype=np.int64)
+                              for (r0, r1, _) in spans])
+        rows = x[xp.asarray(idx)]
+        spans = [(r0 - i * logits_from, r1 - (i + 1) * logits_from, before)
+                 for i, (r0, r1, before) in enumerate(spans)]
+    elif all_logits:
         rows = x
     else:
         idx = np.asarray([r1 - 1 for (_, r1, _) in spans], dtype=np.int64)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 CANARIES_PATH: Final = Path(__file__).resolve().parent / "parity_canaries.json"
 CANARY_FORMAT: Final = "fx-parity-canaries/1"
 #: backends the gate applies to (the oracle is the reference, never gated)
-GATED_BACKENDS: Final = ("cpu-kernel", "cupy")
+GATED_BACKENDS: Final = ("oracle-native", "cpu-kernel", "cupy")
 
 GateVerdict = Literal["passed", "refused"]
 

@@ -116,8 +116,10 @@ def _gate_malformed(gate: Any) -> list[str]:
     if not isinstance(gate, dict) or sorted(gate) != sorted(PARITY_GATE_FIELDS):
         return [f"parity_gate must have exactly the fields {', '.join(PARITY_GATE_FIELDS)}"]
     bad: list[str] = []
-    if gate["backend"] not in ("cpu-kernel", "cupy"):
-        bad.append("parity_gate.backend is not a gated backend (cpu-kernel, cupy)")
+    from fx_integer.parity_gate import GATED_BACKENDS
+
+    if gate["backend"] not in GATED_BACKENDS:
+        bad.append(f"parity_gate.backend is not a gated backend ({', '.join(GATED_BACKENDS)})")
     if gate["result"] not in ("passed", "refused"):
         bad.append("parity_gate.result is neither passed nor refused")
     from broker_schema.canonical import is_hash
@@ -233,23 +235,35 @@ def check_static(receipt: dict[str, Any], *, prev: dict[str, Any] | None = None,
 
 def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | None = None,
            prev: dict[str, Any] | None = None, trusted_keys: Iterable[str] | None = None,
-           reexecute: bool = True) -> VerifyResult:
-    """Check signature, hashes and chain link, then re-execute the numpy oracle from the
-    committed artifact (pinned by ``model_hash``) and compare every output byte."""
+           reexecute: bool = True, step_by_step: bool = False,
+           backend: str | None = None) -> VerifyResult:
+    """Check signature, hashes and chain link, then re-execute the oracle from the committed
+    artifact (pinned by ``model_hash``) and compare every output byte.
+
+    Re-execution teacher-forces the receipt's output in one forward (``step_by_step`` decodes
+    token by token instead; both give the same tokens and digest). ``backend``: ``oracle``
+    (the numpy oracle) or ``oracle-native`` (its compiled twin, byte-identical); the default
+    is :func:`int_kernel.verifier_backend` (``oracle-native`` when it builds, unless
+    ``FX_INTEGER_ORACLE=numpy``)."""
     reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
     if any(r.startswith(("receipt lacks", "unknown receipt_version", MALFORMED))
            for r in reasons):
         return VerifyResult(ok=False, reasons=reasons, checks=passed)
     if reexecute:
         path = Path(artifact_path) if artifact_path is not None else _paths.default_artifact_path()
+        if backend is None:
+            from .int_kernel import verifier_backend
+
+            backend = verifier_backend()
         try:
-            eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"])
+            eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"],
+                                       backend=backend)
         except (ArtifactError, OSError) as e:
             reasons.append(f"cannot load the committed artifact: {e}")
             return VerifyResult(ok=False, reasons=reasons, checks=passed)
         passed.append("artifact hash == model_hash")
         try:
-            toks, digest = reexecute_receipt(eng, receipt)
+            toks, digest = reexecute_receipt(eng, receipt, step_by_step=step_by_step)
         except (ParamError, ValueError, ArithmeticError) as e:
             reasons.append(f"re-execution failed: {e}")
             return VerifyResult(ok=False, reasons=reasons, checks=passed)
@@ -267,6 +281,8 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
                            "were not byte-identical")
         else:
             passed.append("logits_digest == oracle re-execution")
+        passed.append(f"re-executed on {backend}, "
+                      f"{'step by step' if step_by_step else 'teacher-forced'}")
         stop = receipt["params"]["stop_token"]
         text_toks = claimed[:-1] if claimed and claimed[-1] == stop else claimed
         try:

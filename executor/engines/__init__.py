@@ -69,7 +69,7 @@ class EngineResult:
     receipt: dict[str, JsonValue] | None = None
 
 
-IntegerBackend = Literal["auto", "oracle", "cpu-kernel", "cupy"]
+IntegerBackend = Literal["auto", "oracle", "oracle-native", "cpu-kernel", "cupy"]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ head is kept in ``EngineOptions.receipt_chain_file`` (beside the node key) and a
 under an exclusive file lock, before a receipt leaves the engine: a restarted node continues its
 chain, and two processes sharing one key file still produce one chain, never a fork.
 
-Parity gate: on a backend other than the numpy oracle (``cpu-kernel``, ``cupy``), :meth:`load`
+Parity gate: on a backend other than the numpy oracle (``oracle-native``, ``cpu-kernel``, ``cupy``), :meth:`load`
 first runs :mod:`fx_integer.parity_gate` (the committed canaries through the oracle and the
 backend, byte for byte). Passed: the backend serves, and its receipts (version 3) bind
 ``parity_gate`` = {backend, result "passed", canary_set_hash}. Refused (a difference, or any
@@ -90,7 +90,7 @@ CHAIN_FORMAT: Final = "fx-receipt-chain/1"
 #: Requests per ``run_batch`` call. The numpy oracle gains little from batching (its per-block
 #: int64 combination does not use BLAS) and a batch ends with its longest request, so keep it small
 #: on the CPU; on the GPU a batch streams the weights once for every sequence.
-MAX_BATCH: Final = {"oracle": 4, "cpu-kernel": 4, "cupy": 64}
+MAX_BATCH: Final = {"oracle": 4, "oracle-native": 4, "cpu-kernel": 4, "cupy": 64}
 _MAX_JSON_INT: Final = 2**53 - 1
 _DOCS: Final[dict[str, str]] = {
     "prompt": "prompt text, tokenized with the artifact's byte-level BPE as text (a special "

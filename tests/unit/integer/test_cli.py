@@ -61,6 +61,43 @@ def test_verify_command(synth_path: Path, tmp_path: Path,
     assert "FAIL" in out and "signature" in out
 
 
+def test_verify_flags_step_by_step_and_numpy_oracle(synth_path: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--step-by-step and --numpy-oracle choose how and where re-execution runs; the verdict
+    and the reasons are the same every way, for a true receipt and a re-signed forgery."""
+    from fx_integer.int_kernel import verifier_backend
+    from fx_integer.receipt import output_hash
+
+    signer = ReceiptSigner.generate(node_id="cli")
+    eng = IntegerEngine(synth_path, signer=signer)
+    good = eng.run({"prompt_tokens": [3, 4, 5], "max_tokens": 5, "temperature": 0.9,
+                    "seed": 4, "top_k": 30})["receipt"]
+    body = {k: v for k, v in good.items()
+            if k not in ("signature", "node_id", "seq", "prev_receipt_hash", "public_key")}
+    body["output_tokens"] = [*body["output_tokens"][:1], (body["output_tokens"][1] + 1) % 300,
+                             *body["output_tokens"][2:]]
+    body["output_hash"] = output_hash(body["output_tokens"])
+    bad = signer.sign(body)
+    for receipt, want in ((good, 0), (bad, 1)):
+        f = tmp_path / "r.json"
+        f.write_text(json.dumps(receipt))
+        outs = {}
+        for flags in ([], ["--step-by-step"], ["--numpy-oracle"],
+                      ["--numpy-oracle", "--step-by-step"]):
+            args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path),
+                                         "--trusted-key", signer.public_key_hex, *flags])
+            assert args.func(args) == want, flags
+            out = capsys.readouterr().out
+            backend = "oracle" if "--numpy-oracle" in flags else verifier_backend()
+            how = "step by step" if "--step-by-step" in flags else "teacher-forced"
+            assert f"re-executed on {backend}, {how}" in out
+            outs[tuple(flags)] = [ln for ln in out.splitlines() if "FAIL" in ln]
+        assert len({tuple(v) for v in outs.values()}) == 1, outs
+        if want:
+            assert any("output_tokens differ from re-execution at index 1" in ln
+                       for ln in outs[()])
+
+
 def test_eval_fidelity_small(real_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = _parser().parse_args(["eval", "fidelity", "--limit", "2", "--json",
                                  "--artifact", str(real_path)])

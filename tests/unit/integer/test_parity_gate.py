@@ -141,6 +141,16 @@ def test_gpp_build_passes_on_synthetic(synth: artifact.Artifact, synth_oracle: I
     assert r.passed, r.mismatch
 
 
+def test_oracle_native_is_gated_and_passes_on_synthetic(
+        synth: artifact.Artifact, synth_oracle: IntegerEngine,
+        synth_canaries: CanarySet) -> None:
+    # the oracle's compiled twin is a backend other than the numpy oracle: it is gated too
+    assert "oracle-native" in parity_gate.GATED_BACKENDS
+    gated = IntegerEngine.from_artifact(synth, backend="oracle-native")
+    r = parity_gate.run_gate(gated, oracle=synth_oracle, canary_set=synth_canaries)
+    assert r.passed, r.mismatch
+
+
 def test_broken_build_is_a_different_library_and_is_refused(
         synth: artifact.Artifact, synth_oracle: IntegerEngine, synth_canaries: CanarySet,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,6 +260,13 @@ def test_real_model_gpp_build_passes_the_committed_canaries(
     r = parity_gate.run_gate(gated, oracle=real_oracle_engine)
     assert r.passed, r.mismatch
     assert r.canary_set_sha256 == parity_gate.load_canaries().sha256
+
+
+def test_real_model_oracle_native_passes_the_committed_canaries(
+        real_oracle_engine: IntegerEngine) -> None:
+    gated = IntegerEngine.from_artifact(real_oracle_engine.artifact, backend="oracle-native")
+    r = parity_gate.run_gate(gated, oracle=real_oracle_engine)
+    assert r.passed, r.mismatch
 
 
 def test_real_model_broken_build_is_refused(real_oracle_engine: IntegerEngine,
