@@ -461,19 +461,33 @@ def ok_response(
     finished_us: int,
     receipt: dict[str, JsonValue] | None = None,
 ) -> ResponseRecord:
-    """The unsigned ``ok`` response for ``job`` from an engine result."""
-    return ResponseRecord(
-        effect_id=job.effect_id,
-        header=job.request.header,
-        request_offset=job.request_offset,
-        outcome="ok",
-        output=output,
-        model_hash=model_hash,
-        executor=executor,
-        timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
-        written_by=state.node_id,
-        receipt=receipt,
-    )
+    """The unsigned ``ok`` response for ``job`` from an engine result.
+
+    Built without validating again what is validated already (the request's header, the body,
+    the executor info: all records or parts of records), when the receipt holds only JSON
+    scalars (the executor's own ``batch_size``, ``manifest_hash``...); an engine's nested receipt
+    goes through validation. The bytes are the same either way (a unit test compares them)."""
+    if not _plain_receipt(receipt) or job.effect_id != job.request.header.effect_id:
+        return ResponseRecord(
+            effect_id=job.effect_id, header=job.request.header,
+            request_offset=job.request_offset, outcome="ok", output=output,
+            model_hash=model_hash, executor=executor, written_by=state.node_id, receipt=receipt,
+            timing=Timing(received_us=job.received_us, started_us=started_us,
+                          finished_us=finished_us))
+    timing = Timing.model_construct(received_us=job.received_us, started_us=started_us,
+                                    finished_us=finished_us)
+    return ResponseRecord.model_construct(
+        effect_id=job.effect_id, header=job.request.header, request_offset=job.request_offset,
+        outcome="ok", output=output, model_hash=model_hash, executor=executor,
+        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None)
+
+
+def _plain_receipt(receipt: Mapping[str, object] | None) -> bool:
+    """A receipt of str keys and JSON scalars only (no float: a float is checked by
+    validation for NaN and infinity)."""
+    return receipt is None or all(
+        isinstance(k, str) and (v is None or type(v) in (str, int, bool))
+        for k, v in receipt.items())
 
 
 def error_response(

@@ -315,3 +315,29 @@ def test_queue_depth_is_counted_as_the_table_changes() -> None:
     assert (st.in_flight.by_kind, st.depth_by_workload()) == scan()
     assert len(st.abandon()) == 3
     assert st.queue_depth(INFERENCE_KIND) == 0 and st.depth_by_workload() == {}
+
+
+def test_ok_response_built_without_revalidation_has_the_same_bytes() -> None:
+    """``ok_response`` skips validating again what is validated already: its record, signed or
+    not, encodes to exactly the bytes of the same record built with validation."""
+    from broker_schema import encode
+    from broker_schema.records import InlineBody, ResponseRecord
+    from executor.core import ok_response
+    from executor.identity import NodeIdentity
+
+    st = state()
+    d = run(st, request(WL, M1, b"\x00\xffbytes", epoch=2))
+    assert isinstance(d, Admit)
+    identity = NodeIdentity.generate()
+    for receipt in (None, {"batch_size": 8, "manifest_hash": M2, "preprocessing_version": "x/1",
+                           "flag": True, "none": None},
+                    {"batch_size": 1, "nested": {"scores": [0.5, 1.0, -0.0]}}):
+        for started, finished in ((1, 2), (None, None)):
+            built = ok_response(st, d.job, output=InlineBody.of_json({"label": "txt", "p": 0.25}),
+                                model_hash=M1, executor=INFO, started_us=started or 0,
+                                finished_us=finished or 0, receipt=receipt)  # type: ignore[arg-type]
+            validated = ResponseRecord.model_validate(built.model_dump())
+            assert encode(built) == encode(validated)
+            assert built == validated
+            assert encode(identity.sign_response(built)) == encode(
+                identity.sign_response(validated))
