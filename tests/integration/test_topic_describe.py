@@ -27,5 +27,5 @@ async def test_a_topic_created_while_it_is_described_is_found(kafka_bootstrap: s
 
 async def test_a_topic_that_never_appears_is_a_topic_config_error(kafka_bootstrap: str) -> None:
     name = f"wl.never-{uuid.uuid4().hex[:10]}.out"
-    with pytest.raises(TopicConfigError, match="unknown topic.*still after 1.0 s"):
+    with pytest.raises(TopicConfigError, match=r"unknown topic.*still after 1\.0 s"):
         await topic_configs(kafka_bootstrap, [name], settle_s=1.0)

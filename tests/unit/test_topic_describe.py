@@ -27,7 +27,7 @@ def test_known_topics_give_their_configs_and_unknown_ones_are_asked_again() -> N
 
 
 def test_any_other_error_fails_at_once() -> None:
-    with pytest.raises(TopicConfigError, match="wl.a.out.*error 29"):
+    with pytest.raises(TopicConfigError, match=r"wl\.a\.out.*error 29"):
         sort_described([_response((29, "denied", 2, "wl.a.out", []))])
 
 
