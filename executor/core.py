@@ -154,6 +154,53 @@ class Admit:
 Decision = Ignore | Refuse | Admit
 
 
+class InFlightTable(dict[str, "InFlight"]):
+    """The in-flight table (effect id -> job) with its depth per kind and per workload kept as
+    it changes, so a queue-depth question is O(1) (a scan per request is quadratic in a burst).
+    Only ``[]=``, ``del``, :meth:`pop` and :meth:`clear` change it (``setdefault``/``update``
+    are not used on it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: effect kind -> jobs in the table
+        self.by_kind: dict[str, int] = {}
+        #: workload id -> jobs in the table
+        self.by_workload: dict[str, int] = {}
+
+    def _count(self, job: InFlight, step: int) -> None:
+        kind, wid = job.request.effect_kind, job.request.header.workload_id
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + step
+        self.by_workload[wid] = self.by_workload.get(wid, 0) + step
+
+    def __setitem__(self, effect_id: str, job: InFlight) -> None:
+        old = self.get(effect_id)
+        if old is not None:
+            self._count(old, -1)
+        super().__setitem__(effect_id, job)
+        self._count(job, 1)
+
+    def __delitem__(self, effect_id: str) -> None:
+        job = self[effect_id]
+        super().__delitem__(effect_id)
+        self._count(job, -1)
+
+    def pop(self, effect_id: str, *default: InFlight | None) -> InFlight | None:  # type: ignore[override]
+        """Remove and return the job of ``effect_id`` (``default`` if it is not there)."""
+        if effect_id not in self:
+            if default:
+                return default[0]
+            raise KeyError(effect_id)
+        job = super().pop(effect_id)
+        self._count(job, -1)
+        return job
+
+    def clear(self) -> None:
+        """Empty the table (and its counts)."""
+        super().clear()
+        self.by_kind.clear()
+        self.by_workload.clear()
+
+
 class ExecutorState:
     """The executor's state, changed only through the methods below.
 
@@ -180,7 +227,7 @@ class ExecutorState:
         self.workloads: dict[str, WorkloadView] = {}
         #: The in-flight table: effect id -> job. Entered by :func:`decide` (on admit), left by
         #: :meth:`finish` (after the response is acknowledged) or :meth:`abandon` (shutdown).
-        self.in_flight: dict[str, InFlight] = {}
+        self.in_flight: InFlightTable = InFlightTable()
         #: (workload id, evaluation id) -> the shadow evaluation's definition (first record).
         self.shadows: dict[tuple[str, str], ShadowEvalRecord] = {}
 
@@ -219,15 +266,11 @@ class ExecutorState:
     # -- the in-flight table ----------------------------------------------------------------------
     def queue_depth(self, kind: str) -> int:
         """Requests of ``kind`` admitted and not yet answered (waiting or running)."""
-        return sum(1 for job in self.in_flight.values() if job.request.effect_kind == kind)
+        return self.in_flight.by_kind.get(kind, 0)
 
     def depth_by_workload(self) -> dict[str, int]:
         """Admitted, unanswered requests per workload id."""
-        depth: dict[str, int] = {}
-        for job in self.in_flight.values():
-            wid = job.request.header.workload_id
-            depth[wid] = depth.get(wid, 0) + 1
-        return depth
+        return {wid: n for wid, n in self.in_flight.by_workload.items() if n}
 
     def finish(self, effect_id: str) -> InFlight | None:
         """Remove a job once its response is acknowledged; returns it (None if not there)."""
@@ -418,19 +461,33 @@ def ok_response(
     finished_us: int,
     receipt: dict[str, JsonValue] | None = None,
 ) -> ResponseRecord:
-    """The unsigned ``ok`` response for ``job`` from an engine result."""
-    return ResponseRecord(
-        effect_id=job.effect_id,
-        header=job.request.header,
-        request_offset=job.request_offset,
-        outcome="ok",
-        output=output,
-        model_hash=model_hash,
-        executor=executor,
-        timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
-        written_by=state.node_id,
-        receipt=receipt,
-    )
+    """The unsigned ``ok`` response for ``job`` from an engine result.
+
+    Built without validating again what is validated already (the request's header, the body,
+    the executor info: all records or parts of records), when the receipt holds only JSON
+    scalars (the executor's own ``batch_size``, ``manifest_hash``...); an engine's nested receipt
+    goes through validation. The bytes are the same either way (a unit test compares them)."""
+    if not _plain_receipt(receipt) or job.effect_id != job.request.header.effect_id:
+        return ResponseRecord(
+            effect_id=job.effect_id, header=job.request.header,
+            request_offset=job.request_offset, outcome="ok", output=output,
+            model_hash=model_hash, executor=executor, written_by=state.node_id, receipt=receipt,
+            timing=Timing(received_us=job.received_us, started_us=started_us,
+                          finished_us=finished_us))
+    timing = Timing.model_construct(received_us=job.received_us, started_us=started_us,
+                                    finished_us=finished_us)
+    return ResponseRecord.model_construct(
+        effect_id=job.effect_id, header=job.request.header, request_offset=job.request_offset,
+        outcome="ok", output=output, model_hash=model_hash, executor=executor,
+        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None)
+
+
+def _plain_receipt(receipt: Mapping[str, object] | None) -> bool:
+    """A receipt of str keys and JSON scalars only (no float: a float is checked by
+    validation for NaN and infinity)."""
+    return receipt is None or all(
+        isinstance(k, str) and (v is None or type(v) in (str, int, bool))
+        for k, v in receipt.items())
 
 
 def error_response(

@@ -133,6 +133,8 @@ class ModelStore:
         self.root = Path(root)
         self._dir = self.root / "sha256"
         self._verified: dict[str, _Verified] = {}
+        #: model hash -> (manifest file stamp, manifest, manifest hash): see _manifest_entry
+        self._manifests: dict[str, tuple[_Verified, ModelManifest, str]] = {}
         self._lock = threading.Lock()
 
     def path(self, model_hash: str) -> Path:
@@ -141,13 +143,48 @@ class ModelStore:
             raise ModelError("model_unknown", f"not a model hash: {model_hash!r}")
         return self._dir / hex_of_hash(model_hash)
 
-    def manifest(self, model_hash: str) -> ModelManifest:
+    def manifest(self, model_hash: str, *, stat: bool = True) -> ModelManifest:
         """The manifest of ``model_hash``; ``model_unknown`` if there is none, or if the file
         beside the model is not a valid manifest for that very hash (the manifest is not covered
-        by the model hash, so a damaged or misplaced one must be refused, not trusted)."""
+        by the model hash, so a damaged or misplaced one must be refused, not trusted).
+
+        Read and validated once per manifest content; ``stat=False`` skips even the stat that
+        notices a rewritten manifest, for a caller that checked the file a moment ago (the
+        executor, within one request)."""
+        return self._manifest_entry(model_hash, stat=stat)[1]
+
+    def manifest_hash(self, model_hash: str, *, stat: bool = True) -> str:
+        """:meth:`ModelManifest.manifest_hash` of :meth:`manifest`, computed once per manifest
+        content (the receipts of every response carry it); ``stat`` as for :meth:`manifest`."""
+        return self._manifest_entry(model_hash, stat=stat)[2]
+
+    def _manifest_entry(self, model_hash: str, *,
+                        stat: bool = True) -> tuple[_Verified, ModelManifest, str]:
+        """The manifest of ``model_hash`` with its hash, read and validated once per content:
+        cached under the manifest file's (size, mtime, inode), so a manifest written again is
+        read again, and one removed is ``model_unknown`` again."""
+        if not stat:
+            with self._lock:
+                known = self._manifests.get(model_hash)
+            if known is not None:
+                return known
         mpath = self.path(model_hash).with_suffix(".json")
         try:
-            manifest = ModelManifest.model_validate_json(mpath.read_bytes())
+            st = mpath.stat()
+        except FileNotFoundError:
+            raise ModelError("model_unknown", f"no model {model_hash} in {self.root}") from None
+        except OSError as exc:
+            raise ModelError(
+                "model_unknown", f"the manifest {mpath} is unreadable: {str(exc)[:500]}"
+            ) from None
+        stamp = _Verified(st.st_size, st.st_mtime_ns, st.st_ino)
+        with self._lock:
+            cached = self._manifests.get(model_hash)
+        if cached is not None and cached[0] == stamp:
+            return cached
+        try:
+            data = mpath.read_bytes()
+            manifest = ModelManifest.model_validate_json(data)
         except FileNotFoundError:
             raise ModelError("model_unknown", f"no model {model_hash} in {self.root}") from None
         except (OSError, ValidationError) as exc:
@@ -158,7 +195,10 @@ class ModelStore:
             raise ModelError(
                 "model_unknown", f"the manifest {mpath} describes {manifest.hash}, not {model_hash}"
             )
-        return manifest
+        entry = (stamp, manifest, manifest.manifest_hash())
+        with self._lock:
+            self._manifests[model_hash] = entry
+        return entry
 
     def hashes(self) -> list[str]:
         """Every model hash present (a file with a manifest), sorted."""

@@ -15,8 +15,19 @@ Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscrib
    and is never created), and only then does the job go to the scheduler, which hands batches of
    jobs for one model to a worker: no worker waits on one request's input while others queue; the
    engine runs in a thread pool, so the event loop (and the consumer's heartbeat) never waits on it;
-4. the signed response is written (acks=all); only then is the request's offset settled, and the
-   consumer commits the lowest unsettled offset of each partition it still owns.
+   A request with an inline input for a loaded model that runs in microseconds (its last run
+   cost under ``executor.answering._INLINE_RUN_S``) skips the queue: the model runs in the
+   consumer loop and the response is put on the producer right behind the ``accepted``, so
+   both go in one produce request (inference acts on nothing, so the model need not wait for
+   the ``accepted`` ack; the request is settled only once both are acknowledged);
+4. the signed response is written (acks=all; the responses of a batch are put on the producer
+   together and their acks awaited together); only then is the request's offset settled, and
+   the consumer commits the lowest unsettled offset of each partition it still owns.
+
+The service is split by job: this module holds the lifecycle, the consume loop, admission and
+the model store's answers; :mod:`executor.scheduler` the admission queue;
+:mod:`executor.inputs` input reading; :mod:`executor.answering` the workers and the response
+writer; :mod:`executor.producing` the producer (sends that ride out a broker restart).
 
 Restart semantics: a request whose response was not committed past is read again by whichever
 member owns the partition next and answered again under the same effect id (the lease holder
@@ -46,15 +57,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib.metadata
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -62,46 +71,33 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
-    InvalidTopicError,
     KafkaError,
-    UnknownTopicOrPartitionError,
-    for_code,
 )
-from aiokafka.protocol.metadata import MetadataRequest
-from pydantic import ValidationError
 
 from broker_schema import DecodeError, topics
-from broker_schema.canonical import canonical_json, sha256_hex
-from broker_schema.codec import decode, encode, record_hash
+from broker_schema.canonical import sha256_hex
+from broker_schema.codec import decode, encode
 from broker_schema.records import (
     AcceptedRecord,
-    Body,
-    ChunkRef,
     EffectRequest,
     ExecutorInfo,
     InlineBody,
-    InputRecord,
     RejectCode,
     RejectedRecord,
     ResponseRecord,
-    StreamRef,
 )
 from executor.accelerators import node_devices
+from executor.answering import AnswerMixin, _now_us
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
 from executor.config import ExecutorConfig
 from executor.core import (
     Admit,
     ExecutorState,
     Ignore,
-    InFlight,
     ModelStatus,
     OffsetTracker,
     Refuse,
-    chunk_owner,
-    chunk_problem,
     decide,
-    error_response,
-    ok_response,
     renewal_due,
     renewed,
 )
@@ -109,7 +105,6 @@ from executor.engines import (
     BUILTIN_ENGINES,
     Engine,
     EngineOptions,
-    EngineResult,
     KindHandler,
     build_engine,
     build_handler,
@@ -117,9 +112,12 @@ from executor.engines import (
 from executor.errors import EngineError, ModelError, OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
+from executor.inputs import InputsMixin
 from executor.ledger import LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
+from executor.producing import PRODUCER_BATCH_BYTES, ProducerMixin, _close_quietly
+from executor.scheduler import HANDLER_KEY, Job, Scheduler
 from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import (
     MIRROR_OFFSET_HEADER,
@@ -128,7 +126,7 @@ from fx_kafka.client import (
     mirror_header,
     wait_ready,
 )
-from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
+from fx_kafka.retry import broker_unavailable
 from fx_kafka.workload import ensure_system_topics
 
 __all__ = ["ExecutorService", "executor_version"]
@@ -144,61 +142,7 @@ def executor_version() -> str:
         return "0+unknown"
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-@dataclass
-class _Job:
-    """An admitted request on its way through the scheduler (event-loop thread only)."""
-
-    job: InFlight
-    kind: str
-    model_hash: str
-    accepted_ack: asyncio.Future[Any]
-    read_mono: float
-    tp: tuple[str, int]
-    tracker: OffsetTracker
-    #: the ``accepted`` record as sent (topic, value, key): written again if its ack fails
-    accepted: tuple[str, bytes, bytes]
-    #: the producer generation it was sent with (see ``ExecutorService._renew_producer``)
-    accepted_gen: int = 0
-    #: the input's bytes, once read (the job reaches the scheduler only then)
-    data: bytes = b""
-
-
-@dataclass
-class _Scheduler:
-    """Per-model FIFO queues; a worker takes the oldest job and up to ``max_batch - 1`` more
-    waiting for the same model (batching only what is already queued: it never waits to fill)."""
-
-    queues: dict[str, deque[tuple[int, _Job]]] = field(default_factory=dict)
-    seq: int = 0
-    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def put(self, job: _Job) -> None:
-        async with self.cond:
-            self.seq += 1
-            self.queues.setdefault(job.model_hash, deque()).append((self.seq, job))
-            self.cond.notify()
-
-    async def take(self, max_batch: Any) -> tuple[str, list[_Job]]:
-        async with self.cond:
-            while not any(self.queues.values()):
-                await self.cond.wait()
-            model = min((q[0][0], h) for h, q in self.queues.items() if q)[1]
-            queue = self.queues[model]
-            limit = int(max_batch(model))
-            jobs = [queue.popleft()[1] for _ in range(min(limit, len(queue)))]
-            return model, jobs
-
-    def drain(self) -> list[_Job]:
-        jobs = [j for q in self.queues.values() for _, j in q]
-        self.queues.clear()
-        return jobs
-
-
-class ExecutorService:
+class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
     """One executor node. ``await run()`` until :meth:`request_stop` (or SIGTERM in the CLI)."""
 
     def __init__(
@@ -230,7 +174,7 @@ class ExecutorService:
             self._engines["onnxruntime"] = build_engine(
                 self._engine_targets["onnxruntime"], self._engine_options
             )
-        #: kinds served without a model (``handlers``): their jobs queue under _HANDLER_KEY+kind
+        #: kinds served without a model (``handlers``): their jobs queue under HANDLER_KEY+kind
         self._handlers: dict[str, KindHandler] = {
             kind: build_handler(target, self._engine_options)
             for kind, target in config.handlers.items()}
@@ -266,7 +210,7 @@ class ExecutorService:
         # same connection and waits up to fetch_max_wait_ms (500 ms) for it.
         self._probe: AIOKafkaConsumer | None = None
         self.chunks: ChunkStore = FsChunkStore(config.chunk_dir)
-        self._scheduler = _Scheduler()
+        self._scheduler = Scheduler()
         self._pool = ThreadPoolExecutor(
             max_workers=config.workers, thread_name_prefix="fx-engine"
         )
@@ -288,6 +232,14 @@ class ExecutorService:
         self._reject_kind = sorted(config.kinds)[0]
         #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
         self._ledger: LedgerWriter | None = None
+        #: model hash -> seconds per request of its last engine run (see _runs_inline)
+        self._run_cost: dict[str, deque[float]] = {}
+        self._infos: dict[tuple[str, str, str], ExecutorInfo] = {}
+        self._facts_pending = False
+        #: requests answered in the consumer loop, waiting for their acks (_settle_answered)
+        self._settle_queue: deque[
+            tuple[Job, str, bytes, ResponseRecord, asyncio.Future[Any] | None, int]] = deque()
+        self._settler: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -300,7 +252,7 @@ class ExecutorService:
         cfg = self.config
         await wait_ready(cfg.bootstrap, 30.0)
         await ensure_system_topics(cfg.bootstrap)
-        self._producer = make_producer(cfg.bootstrap)
+        self._producer = make_producer(cfg.bootstrap, max_batch_size=PRODUCER_BATCH_BYTES)
         await self._producer.start()
         self._probe = make_consumer(cfg.bootstrap, isolation_level="read_uncommitted")
         await self._probe.start()
@@ -452,109 +404,6 @@ class ExecutorService:
         task.add_done_callback(_done)
         return task
 
-    # ------------------------------------------------------------------------------ broker outages
-    async def _broker_wait(self, op: str, what: str, exc: BaseException, attempt: int) -> None:
-        """Count, log and sleep before retry ``attempt`` of ``op`` while the broker is away."""
-        self.metrics.broker_retries.labels(op).inc()
-        delay = backoff_s(attempt)
-        log.warning("broker unavailable (%s %s, retry %d): %r; retrying in %.1f s",
-                    op, what, attempt, exc, delay)
-        await asyncio.sleep(delay)
-
-    async def _produce(self, op: str, topic: str, value: bytes, key: bytes) -> Any:
-        """``send_and_wait`` that rides out a broker restart: a send that fails because the broker
-        is down is sent again with backoff until it is acknowledged (while stopping, for
-        ``shutdown_grace_s`` at most, then the error goes up). Sending again may write a record
-        twice; a second ``response``, ``accepted``, facts or reject record is harmless (the
-        holder merges the first answer). Fencing and other errors go up at once."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        give_up: float | None = None
-        while True:
-            producer, gen = self._producer, self._producer_gen
-            assert producer is not None
-            error: KafkaError
-            try:
-                fut = await producer.send(topic, value=value, key=key)
-            except KafkaError as exc:  # not enqueued
-                if not broker_unavailable(exc):
-                    raise
-                error, lost = exc, False
-            else:
-                try:
-                    return await fut
-                except KafkaError as exc:
-                    if not batch_lost(exc):
-                        raise
-                    error, lost = exc, True
-            if self._stopping:
-                give_up = give_up or loop.time() + self.config.shutdown_grace_s
-                if loop.time() >= give_up:
-                    raise error
-            if lost:
-                await self._renew_producer(gen, error)
-            attempt += 1
-            await self._broker_wait(op, topic, error, attempt)
-
-    async def _renew_producer(self, gen: int, exc: BaseException) -> None:
-        """Replace the producer of generation ``gen`` after one of its batches was lost (see
-        :func:`fx_kafka.retry.batch_lost`): an idempotent producer whose batch failed cannot
-        send to that partition again. The new one has a new producer id; the old one is closed
-        in the background (what it still delivers is fine, what it fails is sent again by its
-        own caller). Only the first caller of a generation renews it."""
-        async with self._renew_lock:
-            if gen != self._producer_gen:
-                return
-            attempt = 0
-            while True:
-                new = make_producer(self.config.bootstrap)
-                try:
-                    await new.start()
-                    break
-                except KafkaError as start_exc:
-                    with contextlib.suppress(KafkaError):
-                        await new.stop()
-                    if not broker_unavailable(start_exc):
-                        raise
-                    attempt += 1
-                    await self._broker_wait("producer", "start", start_exc, attempt)
-            old, self._producer = self._producer, new
-            self._producer_gen += 1
-            if isinstance(self.chunks, KafkaChunkStore):
-                self.chunks.producer = new
-            self.metrics.broker_retries.labels("producer").inc()
-            log.warning("broker unavailable: replaced the producer after a lost batch (%r); "
-                        "generation %d", exc, self._producer_gen)
-            if old is not None:
-                task = asyncio.ensure_future(_close_quietly(old, 60.0))
-                self._retired.add(task)
-                task.add_done_callback(self._retired.discard)
-
-    async def _send_accepted(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
-        """Enqueue ``accepted`` (the ack is awaited by the worker before the model runs)."""
-        assert self._producer is not None
-        attempt = 0
-        while True:
-            try:
-                fut: asyncio.Future[Any] = await self._producer.send(topic, value=value, key=key)
-                return fut
-            except KafkaError as exc:
-                if not broker_unavailable(exc) or self._stopping:
-                    raise
-                attempt += 1
-                await self._broker_wait("accepted", topic, exc, attempt)
-
-    async def _accepted_written(self, j: _Job) -> None:
-        """Wait for ``j``'s ``accepted`` to be acknowledged; write it again if the broker lost
-        it (only a broker outage: any other failure goes up)."""
-        try:
-            await j.accepted_ack
-        except KafkaError as exc:
-            if not batch_lost(exc):
-                raise
-            await self._renew_producer(j.accepted_gen, exc)
-            await self._produce("accepted", *j.accepted)
-
     # ------------------------------------------------------------------------------ models
     def _engine_for(self, manifest: ModelManifest) -> Engine:
         """The engine named by ``manifest``, built on first use (from the event loop or a worker
@@ -658,6 +507,24 @@ class ExecutorService:
             parity_gates=[g for e in self._engine_list()
                           for g in getattr(e, "parity_gates", tuple)()],
         )
+
+    def _facts_if_changed(self) -> None:
+        """Publish facts when the loaded models differ from the last published (a model was
+        just loaded): not once per batch. What else changes (a file added to the store) is
+        published by the facts ticker."""
+        if self._facts_pending:
+            return
+        if self._facts is not None and set(self._facts.models_loaded) == self._loaded_models():
+            return
+        self._facts_pending = True
+
+        async def publish() -> None:
+            try:
+                await self._publish_facts()
+            finally:
+                self._facts_pending = False
+
+        self._spawn(publish())
 
     async def _publish_facts(self, *, force: bool = False) -> None:
         facts = self._build_facts()
@@ -858,11 +725,11 @@ class ExecutorService:
                         decision.job.effect_id.encode())
             gen = self._producer_gen
             ack = await self._send_accepted(*accepted)
-            queue_key = record.model or _HANDLER_KEY + kind  # a kind without a model: its handler
+            queue_key = record.model or HANDLER_KEY + kind  # a kind without a model: its handler
             self._leases[decision.job.effect_id] = decision.accepted
-            self._start_fetch(
-                _Job(decision.job, kind, queue_key, ack, read_mono, key, tracker, accepted, gen)
-            )
+            j = Job(decision.job, kind, queue_key, ack, read_mono, key, tracker, accepted, gen)
+            if not await self._answer_now(j):
+                self._start_fetch(j)
 
     async def _write_refusal(
         self, response: ResponseRecord, kind: str, key: tuple[str, int], offset: int,
@@ -932,7 +799,7 @@ class ExecutorService:
         await self._sync.read(workload_id, shadow)
 
     # ------------------------------------------------------------------------------ inputs
-    async def _fetch_input(self, j: _Job) -> None:
+    async def _fetch_input(self, j: Job) -> None:
         """Read ``j``'s input, then queue ``j`` for a worker (or answer it with the error).
 
         Runs as its own task, holding one of ``input_fetchers`` slots while it reads a reference:
@@ -956,394 +823,11 @@ class ExecutorService:
             return
         await self._scheduler.put(j)
 
-    def _start_fetch(self, j: _Job) -> None:
+    def _start_fetch(self, j: Job) -> None:
         task = self._spawn(self._fetch_input(j))
         assert isinstance(task, asyncio.Task)
         self._fetches.add(task)
         task.add_done_callback(self._fetches.discard)
-
-    async def _resolve(self, body: Body | None, *, reader: str,
-                       give_up_at: float | None = None) -> bytes:
-        """The input's bytes for a request of workload ``reader``; a reference that cannot be
-        read is ``input_missing`` (an I/O or broker error here is that request's outcome, never
-        the worker's, and the service's, end)."""
-        try:
-            return await self._resolve_body(body, reader=reader, context=reader, depth=0,
-                                            give_up_at=give_up_at)
-        except (OSError, KafkaError) as exc:
-            raise OutcomeError(
-                "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    async def _resolve_body(self, body: Body | None, *, reader: str, context: str, depth: int,
-                            give_up_at: float | None = None) -> bytes:
-        """``context``: the workload ``body`` was found in (``reader``, or the workload of the
-        topic of the stream record that holds it), which a chunk reference is relative to."""
-        if body is None:
-            return b""
-        if isinstance(body, InlineBody):
-            return body.raw()
-        if isinstance(body, ChunkRef):
-            # the request's own chunk reference was allowed by decide(); one inside a stream
-            # record is asked here, by the same rule, before the store is
-            problem = chunk_problem(body, reader=reader, context=context,
-                                    spec=self.state.workload(reader).spec)
-            if problem is not None:
-                raise OutcomeError("input_forbidden", problem)
-            return await self.chunks.get(body, workload=chunk_owner(body, context))
-        if isinstance(body, StreamRef):
-            if depth > 0:
-                raise OutcomeError("input_invalid", "a stream reference may not name another")
-            value = await self._read_stream(body, give_up_at=give_up_at)
-            if body.hash is not None and sha256_hex(value) != body.hash:
-                raise OutcomeError(
-                    "input_hash_mismatch",
-                    f"{body.topic}/{body.partition}@{body.offset} does not hash to {body.hash}",
-                )
-            try:
-                record = decode(value)
-            except DecodeError:
-                return value
-            if isinstance(record, InputRecord):
-                return await self._resolve_body(record.body, reader=reader,
-                                                context=topics.parse(body.topic)[0],
-                                                depth=depth + 1)
-            return value
-        raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
-
-    async def _read_stream(self, ref: StreamRef, *, give_up_at: float | None = None) -> bytes:
-        """The record ``ref`` names (a topic :func:`executor.core.input_problem` allowed).
-
-        A topic that does not exist, or a partition or offset it does not hold, is a prompt
-        ``input_missing``: the metadata check comes first and never creates a topic. While the
-        broker is down (or an attempt runs over ``input_attempt_s``) the read is retried with
-        backoff, until the service stops or ``give_up_at`` (monotonic) passes: an input that
-        exists but cannot be reached right now is not ``input_missing`` within the lease."""
-        attempt = 0
-        while True:
-            try:
-                return await self._read_stream_once(ref)
-            except _Unreachable as exc:
-                if self._stopping:
-                    raise EngineError("shutdown", "the executor stopped while the broker was "
-                                      f"unavailable: {exc}") from None
-                attempt += 1
-                if give_up_at is not None and \
-                        time.monotonic() + backoff_s(attempt) >= give_up_at:
-                    raise OutcomeError(
-                        "input_missing", f"{ref.topic}/{ref.partition}@{ref.offset} could not be "
-                        f"read within the executor lease ({attempt} attempts): {exc}") from None
-                await self._broker_wait("stream", ref.topic, exc, attempt)
-
-    async def _partitions(self, topic: str) -> set[int] | None:
-        """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
-
-        Asked with ``allow_auto_topic_creation=false``: a broker that auto-creates topics does not
-        create this one. (A consumer's own metadata look-up would: aiokafka asks for a topic it
-        is given with auto-creation allowed, and goes on asking for it.)"""
-        assert self._probe is not None
-        client = self._probe._client
-        node = client.get_random_node()
-        if node is None:
-            raise _Unreachable("no broker in the cluster metadata")
-        try:
-            resp = await client.send(
-                node, MetadataRequest([topic], allow_auto_topic_creation=False))
-        except KafkaError as exc:
-            if broker_unavailable(exc):
-                raise _Unreachable(repr(exc)) from exc
-            raise OutcomeError("input_missing", f"cannot look up {topic}: {exc!r}") from None
-        for entry in resp.topics:
-            code, name, parts = entry[0], entry[1], entry[-1]
-            if name != topic:
-                continue
-            if code == 0:
-                return {int(p[1]) for p in parts}
-            error = for_code(code)
-            if error in (UnknownTopicOrPartitionError, InvalidTopicError):
-                return None
-            if broker_unavailable(error()):  # e.g. no leader right now
-                raise _Unreachable(f"{topic}: {error.__name__}")
-            raise OutcomeError("input_missing", f"cannot read {topic}: {error.__name__}")
-        return None
-
-    async def _read_stream_once(self, ref: StreamRef) -> bytes:
-        """One bounded attempt (``input_attempt_s``) at reading ``ref``, on an idle stream
-        consumer of this task's own (a consumer whose attempt ran over is closed, not reused)."""
-        stream = self._streams.pop() if self._streams else None
-        if stream is None:
-            stream = make_consumer(self.config.bootstrap, isolation_level="read_uncommitted")
-            try:
-                await stream.start()
-            except KafkaError as exc:
-                with contextlib.suppress(KafkaError):
-                    await stream.stop()
-                if broker_unavailable(exc):
-                    raise _Unreachable(repr(exc)) from exc
-                raise
-            self._all_streams.add(stream)
-        try:
-            value = await asyncio.wait_for(self._read_on(stream, ref),
-                                           self.config.input_attempt_s)
-        except TimeoutError:
-            self._retire_stream(stream)
-            raise _Unreachable(f"reading {ref.topic}/{ref.partition}@{ref.offset} took over "
-                               f"{self.config.input_attempt_s} s") from None
-        except (OutcomeError, _Unreachable):
-            self._streams.append(stream)
-            raise
-        except BaseException:  # cancelled mid-read, or a bug: its state is unknown
-            self._retire_stream(stream)
-            raise
-        self._streams.append(stream)
-        return value
-
-    def _retire_stream(self, stream: AIOKafkaConsumer) -> None:
-        self._all_streams.discard(stream)
-
-        async def close() -> None:
-            with contextlib.suppress(KafkaError):
-                await stream.stop()
-
-        task = asyncio.ensure_future(close())
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
-
-    async def _read_on(self, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
-        partitions = await self._partitions(ref.topic)
-        if partitions is None:
-            raise OutcomeError("input_missing", f"no topic {ref.topic} in the cluster")
-        if ref.partition not in partitions:
-            raise OutcomeError("input_missing", f"{ref.topic} has no partition {ref.partition} "
-                               f"(it has {len(partitions)})")
-        tp = TopicPartition(ref.topic, ref.partition)
-        try:
-            assert self._probe is not None
-            first = (await self._probe.beginning_offsets([tp]))[tp]
-            end = (await self._probe.end_offsets([tp]))[tp]
-        except KafkaError as exc:
-            if broker_unavailable(exc):
-                raise _Unreachable(repr(exc)) from exc
-            raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
-        if not first <= ref.offset < end:
-            raise OutcomeError(
-                "input_missing",
-                f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, not {ref.offset}",
-            )
-        stream.assign([tp])
-        stream.seek(tp, ref.offset)
-        batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
-        msgs = batch.get(tp, [])
-        if not msgs:
-            # the offset is in the partition's range: nothing fetched means not reachable
-            raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
-        if msgs[0].offset != ref.offset:
-            raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
-        value: bytes = msgs[0].value or b""
-        return value
-
-    async def _output_body(self, result: EngineResult, workload: str) -> Body:
-        """The response body: inline, else a chunk stored for ``workload`` (the request's)."""
-        try:
-            if isinstance(result.output, bytes):
-                return InlineBody.of_bytes(result.output, media_type=result.media_type)
-            return InlineBody.of_json(result.output, media_type=result.media_type)
-        except ValidationError:
-            pass
-        data = result.output if isinstance(result.output, bytes) else canonical_json(result.output)
-        return await self.chunks.put(data, workload=workload,
-                                     media_type=result.media_type or "application/json")
-
-    # ------------------------------------------------------------------------------ workers
-    def _batch_limit(self, model_hash: str) -> int:
-        handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
-        if handler is not None:
-            return max(1, min(self.config.max_batch, handler.max_batch))
-        try:
-            engine = self._engine_for(self.store.manifest(model_hash))
-        except ModelError:
-            return 1
-        return max(1, min(self.config.max_batch, engine.max_batch))
-
-    async def _worker(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            model_hash, jobs = await self._scheduler.take(self._batch_limit)
-            for j in jobs:
-                await self._accepted_written(j)  # acknowledged before the model runs
-            # inputs were read before the job was queued (``_fetch_input``): nothing here waits
-            # on the broker for one request while others queue behind it
-            ready: list[tuple[_Job, bytes]] = [(j, j.data) for j in jobs]
-            handler = self._handlers.get(model_hash.removeprefix(_HANDLER_KEY))
-            engine: Engine | KindHandler
-            manifest: ModelManifest | None = None
-            if handler is not None:  # a kind without a model: no store, no load
-                engine, target, answered_hash = handler, jobs[0].kind, None
-            else:
-                try:
-                    engine, manifest = await loop.run_in_executor(
-                        self._pool, self._ensure_loaded, model_hash
-                    )
-                except OutcomeError as exc:
-                    for j, _ in ready:
-                        self._answer_job(j, self.state.refusal_executor, None, exc)
-                    self._spawn(self._publish_facts())  # a refusal (parity gate) is a fact
-                    continue
-                target, answered_hash = model_hash, model_hash
-                self._spawn(self._publish_facts())
-            info = ExecutorInfo(
-                node_id=self.config.node_id,
-                engine=engine.name,
-                engine_version=engine.version,
-                device_class=engine.device_class,
-            )
-            items = [(j.job.request.params, data) for j, data in ready]
-            now = time.monotonic()
-            for j, _ in ready:
-                self.metrics.queue_seconds.labels(j.kind).observe(now - j.read_mono)
-            started_us = _now_us()
-            self.metrics.inflight.inc(len(items))
-            run_batch: Any = engine.run_batch
-            if getattr(engine, "binds_request_context", False):  # receipts name the request
-                run_batch = functools.partial(run_batch, contexts=[
-                    _request_context(j.job) for j, _ in ready])
-            try:
-                results = await loop.run_in_executor(
-                    self._pool, run_batch, target, items
-                )
-            except Exception as exc:  # an engine bug: every request in the batch gets the error
-                results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
-            finally:
-                self.metrics.inflight.dec(len(items))
-            finished_us = _now_us()
-            self.metrics.compute_seconds.labels(model_hash).observe(time.monotonic() - now)
-            self.metrics.batch_size.labels(model_hash).observe(len(items))
-            self.metrics.exec_count.labels(model_hash).inc()
-            receipt_base: dict[str, Any] = {"batch_size": len(items)}
-            if manifest is not None:
-                receipt_base.update(manifest_hash=manifest.manifest_hash(),
-                                    preprocessing_version=manifest.preprocessing_version)
-            for (j, _), result in zip(ready, results, strict=True):
-                self._answer_job(
-                    j, info, answered_hash, result, started_us=started_us,
-                    finished_us=finished_us, receipt_base=receipt_base,
-                )
-
-    def _answer_job(
-        self,
-        j: _Job,
-        info: ExecutorInfo,
-        model_hash: str | None,
-        result: EngineResult | OutcomeError,
-        *,
-        started_us: int | None = None,
-        finished_us: int | None = None,
-        receipt_base: dict[str, Any] | None = None,
-    ) -> None:
-        # A tracked task, not awaited: the worker goes on to the next batch while the producer
-        # waits for acks, and cancelling a worker at shutdown never drops a response half-sent
-        # (stop() awaits every tracked task).
-        self._spawn(self._answer(
-            j.job, info, model_hash, result, kind=j.kind, tp=j.tp, tracker=j.tracker,
-            read_mono=j.read_mono, started_us=started_us, finished_us=finished_us,
-            receipt_base=receipt_base,
-        ))
-
-    async def _answer(
-        self,
-        job: InFlight,
-        info: ExecutorInfo,
-        model_hash: str | None,
-        result: EngineResult | OutcomeError,
-        *,
-        kind: str,
-        tp: tuple[str, int],
-        tracker: OffsetTracker | None,
-        read_mono: float | None,
-        started_us: int | None = None,
-        finished_us: int | None = None,
-        receipt_base: dict[str, Any] | None = None,
-    ) -> None:
-        # Every receipt signed goes on the node's ledger, before the response that carries it
-        # (and even when that response is never written: answered by shutdown meanwhile).
-        signed_receipt = (result.receipt or {}).get("integer") if isinstance(
-            result, EngineResult) else None
-        if isinstance(signed_receipt, dict):
-            await self._log_receipt(signed_receipt)
-        # Leaving the in-flight table first claims the right to answer: a job answered by
-        # shutdown is not answered again when its engine call returns.
-        if self.state.finish(job.effect_id) is None:
-            return
-        if isinstance(result, OutcomeError):
-            response = error_response(
-                self.state, job, code=result.code, message=result.message,
-                model_hash=model_hash, executor=info, started_us=started_us,
-                finished_us=finished_us,
-            )
-        else:
-            try:
-                body = await self._output_body(result, job.request.header.workload_id)
-                receipt = {**(receipt_base or {}), **(result.receipt or {})}
-                response = ok_response(
-                    self.state, job, output=body, model_hash=model_hash, executor=info,
-                    started_us=started_us or _now_us(), finished_us=finished_us or _now_us(),
-                    receipt=receipt,
-                )
-            except (OutcomeError, ValidationError, OSError) as exc:
-                code = exc.code if isinstance(exc, OutcomeError) else "output_too_large"
-                response = error_response(
-                    self.state, job, code=code, message=str(exc)[:4096],
-                    model_hash=model_hash, executor=info, started_us=started_us,
-                    finished_us=finished_us,
-                )
-        signed = self.identity.sign_response(response)
-        await self._produce("response", topics.resp_for(job.request.header.workload_id,
-                                            job.request.header.shadow),
-                            encode(signed), job.effect_id.encode())
-        label: str = response.error.code if response.error else ""
-        self.metrics.requests.labels(kind, response.outcome, label).inc()
-        if read_mono is not None:
-            self.metrics.request_seconds.labels(kind, response.outcome).observe(
-                time.monotonic() - read_mono
-            )
-        if tracker is not None:
-            tracker.done(tp, job.request_offset)
-
-    async def _log_receipt(self, receipt: Mapping[str, Any]) -> None:
-        """Append ``receipt`` to ``sys.ledger.<node>`` with a fresh signed checkpoint
-        (:class:`executor.ledger.LedgerWriter`), through :meth:`_produce`."""
-        if self._ledger is None:
-            self._ledger = LedgerWriter(self.config.bootstrap, self.config.node_id,
-                                        self.identity)
-
-        async def produce(topic: str, value: bytes, key: bytes) -> Any:
-            return await self._produce("ledger", topic, value, key)
-
-        await self._ledger.append(receipt, produce)
-
-
-#: Scheduler key prefix of the jobs of a kind served without a model (never a ``sha256:`` hash).
-_HANDLER_KEY = "kind:"
-
-
-def _request_context(job: InFlight) -> dict[str, Any]:
-    """What a signed receipt binds of the request it answers (``Engine.run_batch`` contexts)."""
-    header = job.request.header
-    return {"workload_id": header.workload_id, "effect_id": job.effect_id,
-            "epoch": header.epoch, "request_hash": record_hash(job.request)}
-
-
-async def _close_quietly(producer: AIOKafkaProducer, timeout: float) -> None:
-    """Stop ``producer``, waiting at most ``timeout`` s for it to flush (the broker may be down)."""
-    try:
-        await asyncio.wait_for(producer.stop(), timeout)
-    except (KafkaError, TimeoutError) as exc:
-        log.warning("producer did not close cleanly: %r", exc)
-
-
-class _Unreachable(Exception):
-    """A stream read failed because the broker cannot be reached (retried)."""
-
 
 async def _finish(tasks: list[asyncio.Task[Any]], *, timeout: float) -> None:
     """Let ``tasks`` end by themselves for ``timeout`` seconds, then cancel what is left."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 
 from broker_schema import topics
 from fx_kafka.client import create_topics, make_admin
 from fx_kafka.errors import RetentionTooShortError, TopicConfigError
+from fx_kafka.retry import backoff_s, broker_unavailable
 
 #: Per-workload topics use the broker's append time as the record timestamp: deadlines, timeouts
 #: and `--at TIME` look-ups are judged against it, never against a producer's clock. They have
@@ -53,43 +55,69 @@ async def ensure_shadow_topics(bootstrap: str, workload_id: str, eval_id: str) -
 _UNKNOWN_TOPIC = 3
 
 
+def describe_backoff_s(attempt: int) -> float:
+    """The wait before describe retry ``attempt`` (1, 2, ...): 50 ms doubling up to 1 s."""
+    return backoff_s(attempt, base_s=0.05, cap_s=1.0)
+
+
+def sort_described(responses: list[Any]) -> tuple[dict[str, dict[str, str]],
+                                                   list[tuple[str, str]]]:
+    """DescribeConfigs responses as ``({topic: {key: value}}, [(unknown topic, message)])``:
+    a topic the broker does not know (yet) is asked about again by :func:`topic_configs`;
+    any other per-topic error is a :class:`TopicConfigError` at once. Pure."""
+    out: dict[str, dict[str, str]] = {}
+    unknown: list[tuple[str, str]] = []
+    for response in responses:
+        for error_code, message, _type, name, entries in response.resources:
+            if error_code == _UNKNOWN_TOPIC:
+                unknown.append((name, message))
+            elif error_code:
+                raise TopicConfigError(
+                    f"describing topic {name!r}: error {error_code} {message}")
+            else:
+                out[name] = {entry[0]: entry[1] for entry in entries}
+    return out, unknown
+
+
 async def topic_configs(bootstrap: str, names: list[str], *,
-                        settle_s: float = 10.0) -> dict[str, dict[str, str]]:
+                        settle_s: float = 30.0) -> dict[str, dict[str, str]]:
     """The effective configs of ``names`` (``{topic: {key: value}}``), by DescribeConfigs.
 
-    A topic created a moment ago may not be in the answering broker's metadata yet (seen under
-    load, and on a cluster): an unknown topic is asked about again for up to ``settle_s``
-    seconds before it is a :class:`TopicConfigError`."""
+    A topic created a moment ago may not be in the answering broker's metadata yet (seen on a
+    young broker under load, and on a cluster): an unknown topic, or a broker that cannot be
+    reached meanwhile, is asked about again with backoff (:func:`describe_backoff_s`) for up
+    to ``settle_s`` seconds before it is a :class:`TopicConfigError`. This is the one place
+    topic configs are described."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settle_s
     out: dict[str, dict[str, str]] = {}
     wanted = list(dict.fromkeys(names))
-    while True:
-        admin = make_admin(bootstrap)
-        try:
-            await admin.start()
-            responses = await admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in wanted])
-        finally:
-            await admin.close()
-        unknown: list[tuple[str, str]] = []
-        for response in responses:
-            for error_code, message, _type, name, entries in response.resources:
-                if error_code == _UNKNOWN_TOPIC:
-                    unknown.append((name, message))
-                elif error_code:
-                    raise TopicConfigError(
-                        f"describing topic {name!r}: error {error_code} {message}")
-                else:
-                    out[name] = {entry[0]: entry[1] for entry in entries}
-        if not unknown:
-            return out
-        if loop.time() >= deadline:
-            name, message = unknown[0]
-            raise TopicConfigError(f"describing topic {name!r}: error {_UNKNOWN_TOPIC} "
-                                   f"(unknown topic) {message}")
-        wanted = [name for name, _ in unknown]
-        await asyncio.sleep(0.1)
+    attempt = 0
+    admin = make_admin(bootstrap)
+    try:
+        await admin.start()
+        while True:
+            attempt += 1
+            try:
+                responses = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in wanted])
+            except KafkaError as exc:
+                if not broker_unavailable(exc) or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(describe_backoff_s(attempt))
+                continue
+            found, unknown = sort_described(responses)
+            out.update(found)
+            if not unknown:
+                return out
+            if loop.time() >= deadline:
+                name, message = unknown[0]
+                raise TopicConfigError(f"describing topic {name!r}: error {_UNKNOWN_TOPIC} "
+                                       f"(unknown topic) {message}, still after {settle_s} s")
+            wanted = [name for name, _ in unknown]
+            await asyncio.sleep(describe_backoff_s(attempt))
+    finally:
+        await admin.close()
 
 
 async def check_workload_topics(bootstrap: str, workload_id: str, *,

@@ -286,3 +286,58 @@ def test_the_first_definition_of_an_evaluation_wins() -> None:
     assert st.observe_shadow(_shadow_def({"m": M2}))  # type: ignore[arg-type]
     assert not st.observe_shadow(_shadow_def({"m": M1}))  # type: ignore[arg-type]
     assert st.shadows[(WL, "ev1")].models == {"m": M2}
+
+
+def test_queue_depth_is_counted_as_the_table_changes() -> None:
+    """The in-flight table keeps its depth per kind and per workload (O(1) to ask): equal to
+    a scan after admissions, a replaced entry, finishes, a missing finish and a clear."""
+    st = state(limit=100)
+
+    def scan() -> tuple[dict[str, int], dict[str, int]]:
+        kinds: dict[str, int] = {}
+        wids: dict[str, int] = {}
+        for job in st.in_flight.values():
+            kinds[job.request.effect_kind] = kinds.get(job.request.effect_kind, 0) + 1
+            wid = job.request.header.workload_id
+            wids[wid] = wids.get(wid, 0) + 1
+        return kinds, wids
+
+    admitted = [run(st, request(WL, M1, index=i, epoch=2), offset=i) for i in range(5)]
+    assert all(isinstance(d, Admit) for d in admitted)
+    assert st.queue_depth(INFERENCE_KIND) == 5 and st.depth_by_workload() == {WL: 5}
+    assert isinstance(admitted[0], Admit)
+    first = admitted[0].job
+    st.in_flight[first.effect_id] = first  # entered again: still one
+    assert (st.in_flight.by_kind, st.depth_by_workload()) == scan()
+    assert st.finish(first.effect_id) is first and st.finish(first.effect_id) is None
+    del st.in_flight[admitted[1].job.effect_id]  # type: ignore[attr-defined]
+    assert st.queue_depth(INFERENCE_KIND) == 3
+    assert (st.in_flight.by_kind, st.depth_by_workload()) == scan()
+    assert len(st.abandon()) == 3
+    assert st.queue_depth(INFERENCE_KIND) == 0 and st.depth_by_workload() == {}
+
+
+def test_ok_response_built_without_revalidation_has_the_same_bytes() -> None:
+    """``ok_response`` skips validating again what is validated already: its record, signed or
+    not, encodes to exactly the bytes of the same record built with validation."""
+    from broker_schema import encode
+    from broker_schema.records import InlineBody, ResponseRecord
+    from executor.core import ok_response
+    from executor.identity import NodeIdentity
+
+    st = state()
+    d = run(st, request(WL, M1, b"\x00\xffbytes", epoch=2))
+    assert isinstance(d, Admit)
+    identity = NodeIdentity.generate()
+    for receipt in (None, {"batch_size": 8, "manifest_hash": M2, "preprocessing_version": "x/1",
+                           "flag": True, "none": None},
+                    {"batch_size": 1, "nested": {"scores": [0.5, 1.0, -0.0]}}):
+        for started, finished in ((1, 2), (None, None)):
+            built = ok_response(st, d.job, output=InlineBody.of_json({"label": "txt", "p": 0.25}),
+                                model_hash=M1, executor=INFO, started_us=started or 0,
+                                finished_us=finished or 0, receipt=receipt)  # type: ignore[arg-type]
+            validated = ResponseRecord.model_validate(built.model_dump())
+            assert encode(built) == encode(validated)
+            assert built == validated
+            assert encode(identity.sign_response(built)) == encode(
+                identity.sign_response(validated))

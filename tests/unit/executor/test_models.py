@@ -97,3 +97,26 @@ def test_damaged_or_misplaced_manifest_is_model_unknown(fresh_store: ModelStore,
         assert exc.value.code == "model_unknown"
     mpath.write_text(good)
     assert fresh_store.manifest(a.hash) == a
+
+
+def test_manifest_is_read_once_per_content(fresh_store: ModelStore, tmp_path: Path) -> None:
+    """The manifest and its hash are cached under the file's stamp: asked again, the same
+    object comes back without a read; rewritten, it is read and validated again; removed, it is
+    ``model_unknown`` again."""
+    src = tmp_path / "m.bin"
+    src.write_bytes(b"m")
+    m = fresh_store.add(src, {"name": "m", "engine": "onnxruntime", "interface": "x",
+                              "preprocessing_version": "x/1"})
+    first = fresh_store.manifest(m.hash)
+    assert fresh_store.manifest(m.hash) is first
+    assert fresh_store.manifest(m.hash, stat=False) is first
+    assert fresh_store.manifest_hash(m.hash) == m.manifest_hash()
+    mpath = fresh_store.path(m.hash).with_suffix(".json")
+    renamed = m.model_copy(update={"name": "renamed"})
+    mpath.write_text(renamed.model_dump_json())
+    assert fresh_store.manifest(m.hash) == renamed
+    assert fresh_store.manifest_hash(m.hash) == renamed.manifest_hash() != m.manifest_hash()
+    mpath.unlink()
+    with pytest.raises(ModelError) as exc:
+        fresh_store.manifest(m.hash)
+    assert exc.value.code == "model_unknown"

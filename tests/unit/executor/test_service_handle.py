@@ -244,3 +244,82 @@ async def test_failed_claims_catch_up_is_retried_never_decided_on_stale_state(
     assert len(attempts) == 3
     assert svc.state.workload(WL).highest_epoch == 4
     assert 'fx_executor_sync_failures_total 2.0' in svc.metrics_text().decode()
+
+
+class EchoEngine:
+    """A real, µs-scale engine: answers each request with its input's length."""
+
+    name = "echo"
+    version = "1"
+    device_class = "cpu"
+    max_batch = 8
+
+    def __init__(self) -> None:
+        self._loaded: set[str] = set()
+        self.calls = 0
+
+    def load(self, manifest: Any, model_bytes: bytes) -> None:
+        self._loaded.add(manifest.hash)
+
+    def loaded(self) -> frozenset[str]:
+        return frozenset(self._loaded)
+
+    def unload(self, model_hash: str) -> None:
+        self._loaded.discard(model_hash)
+
+    def run_batch(self, model_hash: str, items: Any) -> list[Any]:
+        from executor.engines import EngineResult
+
+        self.calls += 1
+        return [EngineResult(output={"n": len(data)}) for _params, data in items]
+
+
+async def _echo_service(tmp_path: Path) -> tuple[ExecutorService, FakeProducer, str]:
+    svc, producer = await _service(tmp_path, echo=EchoEngine())
+    src = svc.store.root.parent / "echo.bin"
+    src.write_bytes(b"echo weights")
+    model = svc.store.add(src, {"name": "echo", "engine": "echo", "interface": "x",
+                                "preprocessing_version": "x/1"}).hash
+    await asyncio.to_thread(svc._ensure_loaded, model)
+    svc.state.observe_spec(spec(WL, {"m": model}), offset=0)
+    svc.state.observe_claim(claim(WL, 1))
+    return svc, producer, model
+
+
+async def test_a_microsecond_model_is_answered_in_the_consumer_loop(tmp_path: Path) -> None:
+    """Once a model is known to run in microseconds, a request for it is answered while it is
+    read: its ``accepted`` and its response are put on the producer back to back (one produce
+    request), no queue, no thread; its offset is settled once both are acknowledged."""
+    from broker_schema.records import AcceptedRecord
+
+    svc, producer, model = await _echo_service(tmp_path)
+    svc._note_run_cost(model, 20e-6)  # as measured by an earlier batch of this model
+    req = request(WL, model, b"four", epoch=1)
+    await _handle(svc, encode(req), 3)
+    sent = [decode(v) for t, v in producer.sent if t == topics.resp(WL)]
+    assert [type(r) for r in sent] == [AcceptedRecord, ResponseRecord]
+    (resp,) = producer.responses()
+    assert resp.outcome == "ok" and resp.effect_id == req.effect_id
+    assert isinstance(resp.output, InlineBody) and json.loads(resp.output.raw()) == {"n": 4}
+    assert resp.receipt is not None
+    assert resp.receipt["manifest_hash"] == svc.store.manifest(model).manifest_hash()
+    assert resp.signature is not None
+    assert not svc.state.in_flight and not svc._scheduler.queues.get(model)
+    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 4}
+
+
+async def test_a_model_of_unknown_or_slow_cost_goes_to_the_workers(tmp_path: Path) -> None:
+    """The first request of a model (cost unknown), and any of a model slower than the inline
+    bound, is queued for a worker: only its ``accepted`` is written while it is read."""
+    from broker_schema.records import AcceptedRecord
+
+    svc, producer, model = await _echo_service(tmp_path)
+    for offset, cost in ((0, None), (1, 0.05)):
+        if cost is not None:
+            svc._note_run_cost(model, cost)
+        req = request(WL, model, b"x", epoch=1, index=offset)
+        await _handle(svc, encode(req), offset)
+        assert req.effect_id in svc.state.in_flight
+    assert [type(decode(v)) for _t, v in producer.sent] == [AcceptedRecord, AcceptedRecord]
+    assert len(svc._scheduler.queues[model]) == 2
+    assert svc.state.queue_depth(INFERENCE_KIND) == 2

@@ -1,0 +1,212 @@
+"""One effect's round trip hop by hop, with the real executor, beside a bare aiokafka ping-pong.
+
+    .venv/bin/python bench/effect_hops.py [--bootstrap HOST:PORT] [--n 100] [--json OUT.json]
+
+Uses ``--bootstrap`` or ``FX_KAFKA_BOOTSTRAP``, else starts a local Apache Kafka. A lease holder
+(in this process) runs a workload that asks one inference per input of a trivial ONNX model
+(``y = x + 1``, float32 [1, 16]); an in-process :class:`executor.service.ExecutorService`
+answers. Inputs go one at a time (one effect in flight). Per effect, from broker append times
+(LogAppendTime: one clock) and the holder's own measure:
+
+- ``request_to_accepted``: the request's append on ``.out`` to its ``accepted`` on ``.resp``:
+  the holder's transaction commit (the request is read ``read_committed``), the executor's
+  fetch, decision and write;
+- ``accepted_to_response``: ``accepted`` to the response (0 when both go in one produce
+  request);
+- ``response_to_step``: the response's append to the holder's step seeing it (the holder's
+  read, its merge transaction not included);
+- ``roundtrip``: the request's append to the step seeing its answer (the holder's figure).
+
+The bare ping-pong is :func:`bench.effect_roundtrip.ping_pong` (a 100-byte request and its echo,
+acks=all, no transactions). Bounded: ``--n`` effects, a timeout each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from aiokafka import TopicPartition  # noqa: E402
+from effect_roundtrip import ping_pong, summary  # noqa: E402
+from executor_throughput import trivial_model  # noqa: E402
+
+from broker_schema import (  # noqa: E402
+    INFERENCE_KIND,
+    AcceptedRecord,
+    EffectRequest,
+    InlineBody,
+    InputRecord,
+    ResponseRecord,
+    SpecRecord,
+    decode,
+    encode,
+    topics,
+)
+from executor.config import load_config  # noqa: E402
+from executor.models import ModelStore  # noqa: E402
+from executor.service import ExecutorService  # noqa: E402
+from fx_kafka.client import make_consumer, make_producer  # noqa: E402
+from fx_kafka.testing import broker_for_tests  # noqa: E402
+from fx_kafka.workload import ensure_system_topics, ensure_workload_topics  # noqa: E402
+from workload_sdk import (  # noqa: E402
+    EffectResult,
+    HolderConfig,
+    InputEvent,
+    LeaseHolder,
+    Output,
+    State,
+    Workload,
+    emit,
+    infer,
+    module_hash,
+)
+
+TIMEOUT_S = 20.0
+
+
+class Add1(Workload):
+    """One inference of the trivial model per input (the input is the model's tensor JSON)."""
+
+    def initial_state(self) -> State:
+        return {"n": 0}
+
+    def step(self, state: State, event: InputEvent | EffectResult) -> tuple[State,
+                                                                            Sequence[Output]]:
+        if isinstance(event, InputEvent):
+            return {"n": state["n"] + 1}, [infer(model="m", input=event.json(),
+                                                 deadline_ms=30_000)]
+        return state, [emit({"outcome": event.outcome})]
+
+
+async def _log(bootstrap: str, topic: str, until: int) -> list[Any]:
+    """Every record of ``topic`` (partition 0) with its append time, up to ``until`` records."""
+    consumer = make_consumer(bootstrap, isolation_level="read_uncommitted")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        out: list[Any] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(out) < until and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=200)
+            out.extend(batch.get(tp, []))
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
+    store = ModelStore(tmp / "models")
+    trivial_model(tmp / "add1.onnx")
+    model = store.import_path(tmp / "add1.onnx", name="add1").hash
+    wid = f"hops-{uuid.uuid4().hex[:10]}"
+    await ensure_workload_topics(bootstrap, wid)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    spec = SpecRecord(workload_id=wid, module_hash=module_hash(Add1), effect_kinds=(
+        INFERENCE_KIND,), models={"m": model}, snapshot_every=10_000)
+    await producer.send_and_wait(topics.spec(wid), encode(spec), partition=0)
+    cfg = load_config(
+        environ={}, node_id=f"hops-{wid}", bootstrap=bootstrap,
+        topic_pattern=topics.out_pattern(wid), group_prefix=f"hops-{wid}",
+        model_dir=store.root, key_file=tmp / "node.key", chunk_dir=tmp / "chunks",
+        http_port=None, workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000},
+        preload=[model], metadata_max_age_ms=500, facts_interval_s=0)
+    service = ExecutorService(cfg)
+    exec_task = asyncio.create_task(service.run())
+    holder = LeaseHolder(Add1(), HolderConfig(bootstrap=bootstrap, workload_id=wid,
+                                              holder_id="hops", poll_ms=50,
+                                              force_placement=True))
+    stop = asyncio.Event()
+    holder_task = asyncio.create_task(holder.run(stop))
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}
+    try:
+        await asyncio.wait_for(holder.ready.wait(), 60)
+        while not all(c.assignment() for c in service._consumers.values()):
+            await asyncio.sleep(0.05)
+        for i in range(n + 1):  # the first one warms up (model cost unknown: a worker runs it)
+            before = len(holder.stats.roundtrips_ms)
+            rec = InputRecord(workload_id=wid, body=InlineBody.of_json(tensor))
+            await producer.send_and_wait(topics.inputs(wid), encode(rec), partition=0)
+            t_end = time.monotonic() + TIMEOUT_S
+            while len(holder.stats.roundtrips_ms) == before:
+                if holder_task.done():
+                    holder_task.result()
+                if exec_task.done():
+                    exec_task.result()
+                if time.monotonic() > t_end:
+                    raise TimeoutError(f"round trip {i} did not complete")
+                await asyncio.sleep(0.0005)
+    finally:
+        stop.set()
+        await asyncio.wait_for(holder_task, 30)
+        service.request_stop()
+        await asyncio.wait_for(exec_task, 60)
+        await producer.stop()
+    roundtrips = list(holder.stats.roundtrips_ms)[1:]
+    requests: dict[str, int] = {}
+    for msg in await _log(bootstrap, topics.out(wid), n + 1):
+        rec = decode(msg.value)
+        if isinstance(rec, EffectRequest):
+            requests[rec.effect_id] = msg.timestamp
+    accepted: dict[str, int] = {}
+    answered: dict[str, int] = {}
+    for msg in await _log(bootstrap, topics.resp(wid), 2 * (n + 1)):
+        rec = decode(msg.value)
+        if isinstance(rec, AcceptedRecord):
+            accepted.setdefault(rec.effect_id, msg.timestamp)
+        elif isinstance(rec, ResponseRecord):
+            answered.setdefault(rec.effect_id, msg.timestamp)
+    order = sorted(requests, key=requests.__getitem__)[1:]
+    req_acc = [float(accepted[e] - requests[e]) for e in order]
+    acc_resp = [float(answered[e] - accepted[e]) for e in order]
+    resp_step = [rt - (answered[e] - requests[e]) for e, rt in zip(order, roundtrips, strict=False)]
+    return {"request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
+            "response_to_step": summary(resp_step), "roundtrip": summary(roundtrips)}
+
+
+async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("FX_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fx-hops-") as d:
+        if args.bootstrap:
+            return await _run(args, args.bootstrap, Path(d))
+        async with broker_for_tests() as bootstrap:
+            return await _run(args, bootstrap, Path(d))
+
+
+async def _run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, Any]:
+    await ensure_system_topics(bootstrap)
+    pp = summary(await ping_pong(bootstrap, args.n))
+    hops = await effect_hops(bootstrap, args.n, tmp)
+    report = {"n": args.n, "load": os.getloadavg()[0], "ping_pong": pp, **hops,
+              "ratio_p50": round(hops["roundtrip"]["p50_ms"] / pp["p50_ms"], 2),
+              "ratio_p99": round(hops["roundtrip"]["p99_ms"] / pp["p99_ms"], 2)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

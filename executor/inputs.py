@@ -1,0 +1,241 @@
+"""Reading a request's input: inline bodies, chunks and stream references (each read in a
+fetch task of its own, see :mod:`executor.service`), and storing a response body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import InvalidTopicError, KafkaError, UnknownTopicOrPartitionError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
+from pydantic import ValidationError
+
+from broker_schema import DecodeError, topics
+from broker_schema.canonical import canonical_json, sha256_hex
+from broker_schema.codec import decode
+from broker_schema.records import (
+    Body,
+    ChunkRef,
+    InlineBody,
+    InputRecord,
+    StreamRef,
+)
+from executor.core import (
+    chunk_owner,
+    chunk_problem,
+)
+from executor.engines import EngineResult
+from executor.errors import EngineError, OutcomeError
+from fx_kafka.client import make_consumer
+from fx_kafka.retry import backoff_s, broker_unavailable
+
+if TYPE_CHECKING:
+    from executor.service import ExecutorService
+
+log = logging.getLogger("executor.service")
+
+
+class InputsMixin:
+    """The input-reading methods of :class:`executor.service.ExecutorService`."""
+
+    async def _resolve(self: ExecutorService, body: Body | None, *, reader: str,
+                       give_up_at: float | None = None) -> bytes:
+        """The input's bytes for a request of workload ``reader``; a reference that cannot be
+        read is ``input_missing`` (an I/O or broker error here is that request's outcome, never
+        the worker's, and the service's, end)."""
+        try:
+            return await self._resolve_body(body, reader=reader, context=reader, depth=0,
+                                            give_up_at=give_up_at)
+        except (OSError, KafkaError) as exc:
+            raise OutcomeError(
+                "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _resolve_body(self: ExecutorService, body: Body | None, *, reader: str,
+                            context: str, depth: int,
+                            give_up_at: float | None = None) -> bytes:
+        """``context``: the workload ``body`` was found in (``reader``, or the workload of the
+        topic of the stream record that holds it), which a chunk reference is relative to."""
+        if body is None:
+            return b""
+        if isinstance(body, InlineBody):
+            return body.raw()
+        if isinstance(body, ChunkRef):
+            # the request's own chunk reference was allowed by decide(); one inside a stream
+            # record is asked here, by the same rule, before the store is
+            problem = chunk_problem(body, reader=reader, context=context,
+                                    spec=self.state.workload(reader).spec)
+            if problem is not None:
+                raise OutcomeError("input_forbidden", problem)
+            return await self.chunks.get(body, workload=chunk_owner(body, context))
+        if isinstance(body, StreamRef):
+            if depth > 0:
+                raise OutcomeError("input_invalid", "a stream reference may not name another")
+            value = await self._read_stream(body, give_up_at=give_up_at)
+            if body.hash is not None and sha256_hex(value) != body.hash:
+                raise OutcomeError(
+                    "input_hash_mismatch",
+                    f"{body.topic}/{body.partition}@{body.offset} does not hash to {body.hash}",
+                )
+            try:
+                record = decode(value)
+            except DecodeError:
+                return value
+            if isinstance(record, InputRecord):
+                return await self._resolve_body(record.body, reader=reader,
+                                                context=topics.parse(body.topic)[0],
+                                                depth=depth + 1)
+            return value
+        raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
+
+    async def _read_stream(self: ExecutorService, ref: StreamRef, *,
+                           give_up_at: float | None = None) -> bytes:
+        """The record ``ref`` names (a topic :func:`executor.core.input_problem` allowed).
+
+        A topic that does not exist, or a partition or offset it does not hold, is a prompt
+        ``input_missing``: the metadata check comes first and never creates a topic. While the
+        broker is down (or an attempt runs over ``input_attempt_s``) the read is retried with
+        backoff, until the service stops or ``give_up_at`` (monotonic) passes: an input that
+        exists but cannot be reached right now is not ``input_missing`` within the lease."""
+        attempt = 0
+        while True:
+            try:
+                return await self._read_stream_once(ref)
+            except _Unreachable as exc:
+                if self._stopping:
+                    raise EngineError("shutdown", "the executor stopped while the broker was "
+                                      f"unavailable: {exc}") from None
+                attempt += 1
+                if give_up_at is not None and \
+                        time.monotonic() + backoff_s(attempt) >= give_up_at:
+                    raise OutcomeError(
+                        "input_missing", f"{ref.topic}/{ref.partition}@{ref.offset} could not be "
+                        f"read within the executor lease ({attempt} attempts): {exc}") from None
+                await self._broker_wait("stream", ref.topic, exc, attempt)
+
+    async def _partitions(self: ExecutorService, topic: str) -> set[int] | None:
+        """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
+
+        Asked with ``allow_auto_topic_creation=false``: a broker that auto-creates topics does not
+        create this one. (A consumer's own metadata look-up would: aiokafka asks for a topic it
+        is given with auto-creation allowed, and goes on asking for it.)"""
+        assert self._probe is not None
+        client = self._probe._client
+        node = client.get_random_node()
+        if node is None:
+            raise _Unreachable("no broker in the cluster metadata")
+        try:
+            resp = await client.send(
+                node, MetadataRequest([topic], allow_auto_topic_creation=False))
+        except KafkaError as exc:
+            if broker_unavailable(exc):
+                raise _Unreachable(repr(exc)) from exc
+            raise OutcomeError("input_missing", f"cannot look up {topic}: {exc!r}") from None
+        for entry in resp.topics:
+            code, name, parts = entry[0], entry[1], entry[-1]
+            if name != topic:
+                continue
+            if code == 0:
+                return {int(p[1]) for p in parts}
+            error = for_code(code)
+            if error in (UnknownTopicOrPartitionError, InvalidTopicError):
+                return None
+            if broker_unavailable(error()):  # e.g. no leader right now
+                raise _Unreachable(f"{topic}: {error.__name__}")
+            raise OutcomeError("input_missing", f"cannot read {topic}: {error.__name__}")
+        return None
+
+    async def _read_stream_once(self: ExecutorService, ref: StreamRef) -> bytes:
+        """One bounded attempt (``input_attempt_s``) at reading ``ref``, on an idle stream
+        consumer of this task's own (a consumer whose attempt ran over is closed, not reused)."""
+        stream = self._streams.pop() if self._streams else None
+        if stream is None:
+            stream = make_consumer(self.config.bootstrap, isolation_level="read_uncommitted")
+            try:
+                await stream.start()
+            except KafkaError as exc:
+                with contextlib.suppress(KafkaError):
+                    await stream.stop()
+                if broker_unavailable(exc):
+                    raise _Unreachable(repr(exc)) from exc
+                raise
+            self._all_streams.add(stream)
+        try:
+            value = await asyncio.wait_for(self._read_on(stream, ref),
+                                           self.config.input_attempt_s)
+        except TimeoutError:
+            self._retire_stream(stream)
+            raise _Unreachable(f"reading {ref.topic}/{ref.partition}@{ref.offset} took over "
+                               f"{self.config.input_attempt_s} s") from None
+        except (OutcomeError, _Unreachable):
+            self._streams.append(stream)
+            raise
+        except BaseException:  # cancelled mid-read, or a bug: its state is unknown
+            self._retire_stream(stream)
+            raise
+        self._streams.append(stream)
+        return value
+
+    def _retire_stream(self: ExecutorService, stream: AIOKafkaConsumer) -> None:
+        self._all_streams.discard(stream)
+
+        async def close() -> None:
+            with contextlib.suppress(KafkaError):
+                await stream.stop()
+
+        task = asyncio.ensure_future(close())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def _read_on(self: ExecutorService, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
+        partitions = await self._partitions(ref.topic)
+        if partitions is None:
+            raise OutcomeError("input_missing", f"no topic {ref.topic} in the cluster")
+        if ref.partition not in partitions:
+            raise OutcomeError("input_missing", f"{ref.topic} has no partition {ref.partition} "
+                               f"(it has {len(partitions)})")
+        tp = TopicPartition(ref.topic, ref.partition)
+        try:
+            assert self._probe is not None
+            first = (await self._probe.beginning_offsets([tp]))[tp]
+            end = (await self._probe.end_offsets([tp]))[tp]
+        except KafkaError as exc:
+            if broker_unavailable(exc):
+                raise _Unreachable(repr(exc)) from exc
+            raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
+        if not first <= ref.offset < end:
+            raise OutcomeError(
+                "input_missing",
+                f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, not {ref.offset}",
+            )
+        stream.assign([tp])
+        stream.seek(tp, ref.offset)
+        batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
+        msgs = batch.get(tp, [])
+        if not msgs:
+            # the offset is in the partition's range: nothing fetched means not reachable
+            raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
+        if msgs[0].offset != ref.offset:
+            raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
+        value: bytes = msgs[0].value or b""
+        return value
+
+    async def _output_body(self: ExecutorService, result: EngineResult, workload: str) -> Body:
+        """The response body: inline, else a chunk stored for ``workload`` (the request's)."""
+        try:
+            if isinstance(result.output, bytes):
+                return InlineBody.of_bytes(result.output, media_type=result.media_type)
+            return InlineBody.of_json(result.output, media_type=result.media_type)
+        except ValidationError:
+            pass
+        data = result.output if isinstance(result.output, bytes) else canonical_json(result.output)
+        return await self.chunks.put(data, workload=workload,
+                                     media_type=result.media_type or "application/json")
+
+
+class _Unreachable(Exception):
+    """A stream read failed because the broker cannot be reached (retried)."""
