@@ -24,10 +24,10 @@ under an exclusive file lock, before a receipt leaves the engine: a restarted no
 chain, and two processes sharing one key file still produce one chain, never a fork.
 
 Parity gate: on a backend other than the numpy oracle (``oracle-native``, ``cpu-kernel``,
-``cupy``), :meth:`load` first runs :mod:`fx_integer.parity_gate` (the committed canaries
-through the oracle and the backend, byte for byte). Passed: the backend serves, and its receipts (version 3) bind
-``parity_gate`` = {backend, result "passed", canary_set_hash}. Refused (a difference, or any
-exception in the backend): logged at ERROR, counted in the metrics, recorded in
+``cupy``), :meth:`load` first runs :mod:`fx_integer.parity_gate` (the committed canaries through
+the oracle and the backend, byte for byte). Passed: the backend serves, and its receipts (version
+3) bind ``parity_gate`` = {backend, result "passed", canary_set_hash}. Refused (a difference, or
+any exception in the backend): logged at ERROR, counted in the metrics, recorded in
 :meth:`IntegerEngineAdapter.parity_gates` (``sys.facts``), and then, by
 ``EngineOptions.parity_failure``, the model is served on the oracle (``fallback``: receipts say
 backend ``oracle`` and bind the refusal) or not at all (``refuse``: every request of the model is
