@@ -72,14 +72,22 @@ class AnswerMixin:
             return None
         return engine, manifest
 
-    def _executor_info(self: ExecutorService, engine: Engine | KindHandler) -> ExecutorInfo:
-        """The ``executor`` field of the responses ``engine`` answers (built once per engine)."""
-        key = (engine.name, engine.version, engine.device_class)
+    def _executor_info(self: ExecutorService, engine: Engine | KindHandler,
+                       model_hash: str | None = None) -> ExecutorInfo:
+        """The ``executor`` field of the responses ``engine`` answers for ``model_hash`` (built
+        once per engine and device class). An engine may serve one model on another device than
+        its own (the integer engine after a parity gate fallback serves on the CPU oracle): it
+        says so through ``device_class_of``."""
+        device = engine.device_class
+        device_of = getattr(engine, "device_class_of", None)
+        if device_of is not None and model_hash is not None:
+            device = device_of(model_hash)
+        key = (engine.name, engine.version, device)
         info = self._infos.get(key)
         if info is None:
             info = self._infos[key] = ExecutorInfo(
                 node_id=self.config.node_id, engine=engine.name, engine_version=engine.version,
-                device_class=engine.device_class)
+                device_class=device)
         return info
 
     def _runs_inline(self: ExecutorService, engine: Engine | KindHandler, model_hash: str | None,
@@ -137,7 +145,7 @@ class AnswerMixin:
             "batch_size": 1, "manifest_hash": self.store.manifest_hash(j.model_hash, stat=False),
             "preprocessing_version": manifest.preprocessing_version}
         prepared = await self._prepare_answer(
-            j.job, self._executor_info(engine), j.model_hash, result, started_us=started_us,
+            j.job, self._executor_info(engine, j.model_hash), j.model_hash, result, started_us=started_us,
             finished_us=finished_us, receipt_base=receipt_base)
         if prepared is None:
             return True
@@ -197,7 +205,7 @@ class AnswerMixin:
                     continue
                 target, answered_hash = model_hash, model_hash
                 self._facts_if_changed()
-            info = self._executor_info(engine)
+            info = self._executor_info(engine, answered_hash)
             items = [(j.job.request.params, data) for j, data in ready]
             now = time.monotonic()
             for j, _ in ready:

@@ -286,6 +286,15 @@ class IntegerEngineAdapter:
         self._gates: dict[str, ParityGateFact] = {}
         self._lock = threading.Lock()
 
+    def device_class_of(self, model_hash: str) -> str:
+        """The device class ``model_hash`` is served on: the engine's, unless the parity gate
+        refused its backend and the model is served on the CPU oracle (``fallback``)."""
+        with self._lock:
+            eng = self._engines.get(model_hash)
+        if eng is None:
+            return self.device_class
+        return "cuda" if eng.backend == "cupy" else "cpu"
+
     def parity_gates(self) -> tuple[ParityGateFact, ...]:
         """The parity gate runs of the models loaded or refused here (for ``sys.facts``)."""
         with self._lock:

@@ -125,6 +125,11 @@ def test_broken_build_falls_back_to_the_oracle(real_store: tuple[ModelStore, Mod
     r: Any = res.receipt["integer"]
     assert isinstance(r, dict)
     assert r["engine"]["backend"] == "oracle"  # never a byte of the refused backend
+    # the response's executor.device_class follows the engine that serves the model (on a
+    # CuPy node after a fallback: cpu), not the configured backend
+    a.device_class = "cuda"
+    assert a.device_class_of(m.hash) == "cpu"
+    assert a.device_class_of("sha256:" + "0" * 64) == "cuda"  # not loaded: the engine's own
     assert r["parity_gate"] == {"backend": "cpu-kernel", "result": "refused",
                                 "canary_set_hash": fact.canary_set_hash}
     assert r["output_tokens"] == oracle_answer["output_tokens"]
