@@ -145,8 +145,8 @@ class AnswerMixin:
             "batch_size": 1, "manifest_hash": self.store.manifest_hash(j.model_hash, stat=False),
             "preprocessing_version": manifest.preprocessing_version}
         prepared = await self._prepare_answer(
-            j.job, self._executor_info(engine, j.model_hash), j.model_hash, result, started_us=started_us,
-            finished_us=finished_us, receipt_base=receipt_base)
+            j.job, self._executor_info(engine, j.model_hash), j.model_hash, result,
+            started_us=started_us, finished_us=finished_us, receipt_base=receipt_base)
         if prepared is None:
             return True
         topic, value, response = prepared
