@@ -376,3 +376,71 @@ def test_encode_refuses_a_float_decode_would_refuse(number: float) -> None:
     assert info.value.code == "not_canonicalizable"
     ok = req.model_copy(update={"params": {"x": 2.0**53 - 1}})
     assert bs.decode(bs.encode(ok)) == ok
+
+
+def test_a_base64_body_is_checked_once_per_string_and_bad_ones_are_always_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that passes an input's body on builds a request holding the same body object,
+    and pydantic runs the body's check again then: the strict base64 check runs once per string
+    object (it is a pure function of the string); an invalid string is refused every time, with
+    the same message, also when it reaches a body without validation (model_copy)."""
+    from broker_schema import records as rec_mod
+
+    calls: list[str] = []
+
+    class Counting(dict[int, str]):  # a string is entered once each time it is checked afresh
+        def __setitem__(self, key: int, value: str) -> None:
+            calls.append(value)
+            super().__setitem__(key, value)
+
+    monkeypatch.setattr(rec_mod, "_BASE64_CHECKED", Counting())
+    body = bs.InlineBody.of_bytes(b"x" * 3000)
+    header = bs.EffectHeader(workload_id="wl-a", input_offset=0, index=0, epoch=1)
+    req = bs.EffectRequest(header=header, effect_kind=bs.INFERENCE_KIND, model=None, params={},
+                           input=body, deadline_ms=1000)
+    assert req.input is body
+    assert calls == [body.data]  # of_bytes checked it; the request's check found it checked
+    decoded = bs.decode(bs.encode(req))
+    assert decoded == req and len(calls) == 2  # a string read from bytes is another object
+    for bad in ("AAA", "AA=A", "AAA!", "=AAA", " AAAA"):
+        for _ in range(2):
+            with pytest.raises(ValueError, match="base64 body data is not valid base64"):
+                bs.InlineBody(encoding="base64", data=bad)
+            with pytest.raises(ValueError, match="base64 body data is not valid base64"):
+                bs.EffectRequest(header=header, effect_kind=bs.INFERENCE_KIND, model=None,
+                                 params={}, input=body.model_copy(update={"data": bad}),
+                                 deadline_ms=1000)
+    for n in range(rec_mod._BASE64_CHECKED_MAX + 3):  # the table stays bounded
+        bs.InlineBody.of_bytes(b"%d" % n)
+    assert len(rec_mod._BASE64_CHECKED) <= rec_mod._BASE64_CHECKED_MAX
+
+
+def test_the_base64_fast_accept_is_a_subset_of_the_strict_decoder() -> None:
+    """``_check_base64`` accepts a string without decoding it only when the strict decoder
+    accepts it (every string of up to 9 characters over ``A P / =`` and a few others); anything
+    else it hands to the decoder, so refusals and their messages are the decoder's."""
+    import base64
+    import binascii
+    import itertools
+
+    from broker_schema import records as rec_mod
+
+    def strict(text: str) -> str | None:
+        try:
+            base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            return str(exc)
+        return None
+
+    def ours(text: str) -> str | None:
+        rec_mod._BASE64_CHECKED.clear()
+        try:
+            rec_mod._check_base64(text)
+        except (binascii.Error, ValueError) as exc:
+            return str(exc)
+        return None
+
+    texts = ["".join(t) for n in range(10) for t in itertools.product("AP/=", repeat=n)]
+    texts += ["AAAA\n", "AA==\n", "é" * 4, "AA-_", "AAAA====", "AAA=A===", "AAAA" * 1000 + "A=="]
+    for text in texts:
+        assert ours(text) == strict(text), text
