@@ -8,7 +8,8 @@ when ``onnx`` is installed, else the silero-vad opset-15 file on 0.1 s of silenc
 Python source file):
 
 - ``direct``: ``InferenceSession.run`` in a loop, one request per call (and for magika also in
-  batches of 8): requests/s and per-call latency;
+  batches of 8; its features built from the file's bytes on every call, as the executor does):
+  requests/s and per-call latency;
 - ``executor burst``: N requests written to ``wl.<id>.out`` at once, an in-process executor
   (1 worker thread, ``max_batch`` 1 and 8) answers them: requests/s from the first request's append
   to the last response's append, and latency per request from its append to its response's append
