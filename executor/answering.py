@@ -44,6 +44,10 @@ log = logging.getLogger("executor.service")
 #: the hop alone costs about 100 µs of CPU.
 _INLINE_RUN_S = 0.0005
 
+#: How many batches one worker has in the engine pool at once: the one running and the next,
+#: queued behind it (see ``_worker``).
+_PIPELINE = 2
+
 #: How many recent runs of a model its cost is judged on (see ``_runs_inline``).
 _COST_RUNS = 8
 
@@ -179,6 +183,7 @@ class AnswerMixin:
 
     async def _worker(self: ExecutorService) -> None:
         loop = asyncio.get_running_loop()
+        pipeline: deque[asyncio.Future[Any]] = deque()  # this worker's runs in the pool
         while True:
             model_hash, jobs = await self._scheduler.take(self._batch_limit)
             for j in jobs:
@@ -210,36 +215,67 @@ class AnswerMixin:
             now = time.monotonic()
             for j, _ in ready:
                 self.metrics.queue_seconds.labels(j.kind).observe(now - j.read_mono)
-            started_us = _now_us()
             self.metrics.inflight.inc(len(items))
             run_batch: Any = engine.run_batch
             if getattr(engine, "binds_request_context", False):  # receipts name the request
                 run_batch = functools.partial(run_batch, contexts=[
                     _request_context(j.job) for j, _ in ready])
-            inline = self._runs_inline(engine, answered_hash, len(items))
-            try:
-                if inline:  # a µs-scale model: a thread hop would cost more than the run
-                    results, run_s = _timed(run_batch, target, items)
-                else:
-                    results, run_s = await loop.run_in_executor(
-                        self._pool, _timed, run_batch, target, items)
-                self._note_run_cost(answered_hash, run_s / len(items))
-            except Exception as exc:  # an engine bug: every request in the batch gets the error
-                results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
-            finally:
-                self.metrics.inflight.dec(len(items))
-            finished_us = _now_us()
-            self.metrics.compute_seconds.labels(model_hash).observe(time.monotonic() - now)
-            self.metrics.batch_size.labels(model_hash).observe(len(items))
-            self.metrics.exec_count.labels(model_hash).inc()
-            receipt_base: dict[str, Any] = {"batch_size": len(items)}
-            if manifest is not None:
-                receipt_base.update(manifest_hash=self.store.manifest_hash(model_hash, stat=False),
-                                    preprocessing_version=manifest.preprocessing_version)
-            self._spawn(self._answer_batch(
-                [(j, result) for (j, _), result in zip(ready, results, strict=True)],
-                info, answered_hash, started_us=started_us, finished_us=finished_us,
-                receipt_base=receipt_base))
+            run: asyncio.Future[Any]
+            if self._runs_inline(engine, answered_hash, len(items)):
+                # a µs-scale model: a thread hop would cost more than the run
+                run = loop.create_future()
+                try:
+                    run.set_result(_timed(run_batch, target, items))
+                except Exception as exc:
+                    run.set_exception(exc)
+            else:
+                run = loop.run_in_executor(self._pool, _timed, run_batch, target, items)
+            # answered in its own task: while this batch runs the worker forms the next one and
+            # queues it in the pool behind it, so the engine thread goes from one batch to the
+            # next without waiting for the event loop (which is busy with the broker, decoding
+            # and signing meanwhile); at most _PIPELINE batches of a worker are in the pool
+            # (not a _spawn'ed task: stop() cancels it with the workers, so a batch still
+            # running at shutdown is answered ``shutdown``, as when the worker awaited it)
+            waiting = asyncio.create_task(self._finish_run(
+                run, ready, items, info, model_hash, answered_hash, manifest))
+            self._run_waits.add(waiting)
+            waiting.add_done_callback(self._run_waits.discard)
+            pipeline.append(run)
+            while len(pipeline) >= _PIPELINE or (pipeline and pipeline[0].done()):
+                await asyncio.wait([pipeline[0]])
+                pipeline.popleft()
+
+    async def _finish_run(
+        self: ExecutorService,
+        run: asyncio.Future[Any],
+        ready: list[tuple[Job, bytes]],
+        items: list[Any],
+        info: ExecutorInfo,
+        model_hash: str,
+        answered_hash: str | None,
+        manifest: ModelManifest | None,
+    ) -> None:
+        """Await one engine batch that :meth:`_worker` started, then answer its requests (in a
+        tracked task: once the results are there, a shutdown never drops them half-sent)."""
+        try:
+            results, run_s, started_us, finished_us = await run
+            self._note_run_cost(answered_hash, run_s / len(items))
+        except Exception as exc:  # an engine bug: every request in the batch gets the error
+            results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
+            run_s, started_us, finished_us = 0.0, _now_us(), _now_us()
+        finally:
+            self.metrics.inflight.dec(len(items))
+        self.metrics.compute_seconds.labels(model_hash).observe(run_s)
+        self.metrics.batch_size.labels(model_hash).observe(len(items))
+        self.metrics.exec_count.labels(model_hash).inc()
+        receipt_base: dict[str, Any] = {"batch_size": len(items)}
+        if manifest is not None:
+            receipt_base.update(manifest_hash=self.store.manifest_hash(model_hash, stat=False),
+                                preprocessing_version=manifest.preprocessing_version)
+        self._spawn(self._answer_batch(
+            [(j, result) for (j, _), result in zip(ready, results, strict=True)],
+            info, answered_hash, started_us=started_us, finished_us=finished_us,
+            receipt_base=receipt_base))
 
     def _answer_job(
         self: ExecutorService,
@@ -392,12 +428,14 @@ class AnswerMixin:
         await ledger.append(receipt, produce)
 
 
-def _timed(run_batch: Any, target: str, items: list[Any]) -> tuple[Any, float]:
-    """``run_batch(target, items)`` and its wall time, taken where it runs (in the engine
-    pool: without the hand-offs to and from the thread)."""
+def _timed(run_batch: Any, target: str, items: list[Any]) -> tuple[Any, float, int, int]:
+    """``run_batch(target, items)``, its wall time and its start and end (µs since the epoch),
+    taken where it runs (in the engine pool: without the hand-offs to and from the thread, nor
+    the wait behind the batch queued ahead of it)."""
+    started_us = _now_us()
     t0 = time.perf_counter()
     results = run_batch(target, items)
-    return results, time.perf_counter() - t0
+    return results, time.perf_counter() - t0, started_us, _now_us()
 
 
 def _request_context(job: InFlight) -> dict[str, Any]:

@@ -216,6 +216,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         )
         self._consume_tasks: list[asyncio.Task[Any]] = []
         self._worker_tasks: list[asyncio.Task[Any]] = []
+        #: the workers' engine batches being awaited (``AnswerMixin._finish_run``)
+        self._run_waits: set[asyncio.Task[Any]] = set()
         self._misc_tasks: list[asyncio.Task[Any]] = []
         #: the latest ``accepted`` of each request in flight (renewed by _lease_renewer)
         self._leases: dict[str, AcceptedRecord] = {}
@@ -340,7 +342,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         deadline = loop.time() + self.config.shutdown_grace_s
         while self.state.in_flight and loop.time() < deadline and self._fatal is None:
             await asyncio.sleep(0.05)
-        await _finish(self._worker_tasks, timeout=0.0)
+        await _finish([*self._worker_tasks, *self._run_waits], timeout=0.0)
         # inputs still being read: their requests are answered ``shutdown`` below
         await _finish(list(self._fetches), timeout=0.0)
         await self._await_background()
