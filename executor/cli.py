@@ -171,5 +171,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_chunk(subparsers)
     add_ledger(subparsers)
     integer_cli.add_models_import_int(models_sub)
+    # ``fx eval fidelity`` (as documented), and ``fx fidelity``, the name it had first
+    eval_sub = subparsers.add_parser(
+        "eval", help="evaluations of the integer engine (fx eval fidelity)"
+    ).add_subparsers(dest="eval_cmd", required=True, metavar="{fidelity}")
+    integer_cli.add_eval(eval_sub)
     integer_cli.add_eval(subparsers)
     integer_cli.add_verify(subparsers)

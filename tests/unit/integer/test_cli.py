@@ -104,3 +104,11 @@ def test_eval_fidelity_small(real_path: Path, capsys: pytest.CaptureFixture[str]
     assert args.func(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["positions"] > 40 and rep["top3_rate"] >= 0.95
+
+
+def test_fx_eval_fidelity_is_the_documented_name() -> None:
+    from fx_cli.main import build_parser
+
+    for argv in (["eval", "fidelity", "--limit", "3"], ["fidelity", "--limit", "3"]):
+        args = build_parser().parse_args(argv)
+        assert args.limit == 3 and args.func.__name__ == "_eval_fidelity", argv
