@@ -47,6 +47,7 @@ COPY actuator ./actuator
 COPY workload_sdk ./workload_sdk
 COPY fx_kafka ./fx_kafka
 COPY fx_cli ./fx_cli
+COPY console ./console
 RUN python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir /src
 
@@ -60,6 +61,7 @@ COPY actuator ./actuator
 COPY workload_sdk ./workload_sdk
 COPY fx_kafka ./fx_kafka
 COPY fx_cli ./fx_cli
+COPY console ./console
 # the `gpu` extra: cupy-cuda12x (pyproject.toml), matching the CUDA 12 runtime of the base
 RUN python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "/src[gpu]"

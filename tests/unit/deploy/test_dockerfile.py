@@ -118,6 +118,21 @@ def test_build_context_has_what_copy_needs() -> None:
         assert not _dockerignore_allows(private), private
 
 
+def test_every_installed_package_is_copied_into_both_venvs() -> None:
+    # the packages pyproject.toml installs (a package missing from the build context installs
+    # without complaint and fails only when its command runs in the image)
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    stages = _stages()
+    for target in ("cpu", "cuda"):
+        copied = {ln.split()[1].rstrip("/") for ln in stages[f"{target}-venv"]
+                  if ln.startswith("COPY ") and "--from=" not in ln}
+        assert packages <= copied, (target, sorted(packages - copied))
+
+
 def test_pins_file() -> None:
     pins = _check_models().read_pins(PINS)
     assert len(pins) == 3
