@@ -387,9 +387,9 @@ class GatewayService:
     async def _respond(self, response: ResponseRecord, kind: str, key: tuple[str, int],
                        tracker: OffsetTracker, read_mono: float) -> None:
         """Sign and write ``response`` (acks=all); then its request's offset is settled."""
-        signed = self.identity.sign_response(response)
+        _, value = self.identity.sign_and_encode(response)
         await self._produce("response", topics.resp(response.header.workload_id),
-                            encode(signed), response.effect_id.encode())
+                            value, response.effect_id.encode())
         code = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, code).inc()
         self.metrics.command_seconds.labels(kind).observe(time.monotonic() - read_mono)

@@ -20,7 +20,15 @@ from broker_schema.canonical import (
     is_hash,
     sha256_hex,
 )
-from broker_schema.codec import RECORD_ADAPTER, decode, encode, json_depth, record_hash
+from broker_schema.codec import (
+    RECORD_ADAPTER,
+    decode,
+    decode_trusted,
+    encode,
+    encode_signed,
+    json_depth,
+    record_hash,
+)
 from broker_schema.limits import (
     BROKER_MESSAGE_MAX_BYTES,
     INLINE_MAX_BYTES,
@@ -130,7 +138,9 @@ __all__ = [
     "canonical_json",
     "content_hash",
     "decode",
+    "decode_trusted",
     "encode",
+    "encode_signed",
     "hash_from_hex",
     "hex_of_hash",
     "is_hash",

@@ -10,7 +10,8 @@ caller asks for a lenient read with ``strict=False``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -23,8 +24,11 @@ from broker_schema.canonical import (
     canonical_record_json,
     sha256_hex,
 )
+from broker_schema.construct import ConstructError, construct
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
-from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record
+from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record, Signature
+
+R = TypeVar("R", bound=BaseModel)
 
 RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
@@ -39,6 +43,38 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
     return data
+
+
+def encode_signed(record: R, sign: Callable[[bytes], Signature], *,
+                  limit: int = MAX_RECORD_BYTES) -> tuple[R, bytes, bytes]:
+    """Sign ``record`` (a record kind with a ``signature`` field) and encode it, from one
+    canonical pass over its members: ``(signed record, its canonical bytes, the signing bytes)``.
+
+    The signing bytes are the record's canonical bytes with ``signature`` null (what
+    :meth:`~broker_schema.records.ResponseRecord.signing_bytes` gives); ``sign`` turns them into
+    the :class:`~broker_schema.records.Signature`. The members other than ``signature`` are
+    encoded once, in the two runs that sort before and after it, and both byte strings are
+    spliced from them: the same bytes as :func:`encode` of the signed record (property-tested
+    over every response). :class:`RecordTooLarge` if the signed record exceeds ``limit``."""
+    if type(record) not in RECORD_TYPES.values():
+        raise EncodeError("unknown_kind", f"{type(record).__name__} is not a record kind")
+    if "signature" not in type(record).model_fields:
+        raise EncodeError("unknown_kind", f"a {type(record).__name__} carries no signature")
+    members = record.model_dump(mode="json")
+    del members["signature"]
+    # field names are ASCII, so Python's order is RFC 8785's (UTF-16 code units) here
+    before = {k: v for k, v in members.items() if k < "signature"}
+    after = {k: v for k, v in members.items() if k > "signature"}
+    head = (canonical_record_json(before, max_depth=MAX_JSON_DEPTH, max_float=_SAFE)[:-1] + b","
+            if before else b"{")
+    tail = (b"," + canonical_record_json(after, max_depth=MAX_JSON_DEPTH, max_float=_SAFE)[1:]
+            if after else b"}")
+    signing = head + b'"signature":null' + tail
+    signature = sign(signing)
+    data = head + b'"signature":' + canonical_json(signature.model_dump(mode="json")) + tail
+    if len(data) > limit:
+        raise RecordTooLarge(len(data), limit)
+    return record.model_copy(update={"signature": signature}), data, signing
 
 
 def record_hash(record: BaseModel) -> str:
@@ -147,6 +183,28 @@ def _summarise(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+def _kind_of(obj: Any, topic: str | None) -> str:
+    """The kind of a parsed record value: an object of a known kind and schema version that
+    belongs on ``topic`` (when given), else the :class:`DecodeError` saying which it is not."""
+    if not isinstance(obj, dict):
+        raise DecodeError("not_object", f"top-level JSON is {type(obj).__name__}, not an object")
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or kind not in RECORD_TYPES:
+        raise DecodeError("unknown_kind", f"kind {str(kind)[:80]!r} is not one of "
+                          f"{sorted(RECORD_TYPES)}")
+    version = obj.get("v")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS[kind]:
+        raise DecodeError("unsupported_version", f"{kind} record has schema version "
+                          f"{str(version)[:40]!r}; this decoder reads "
+                          f"{sorted(SUPPORTED_VERSIONS[kind])}")
+    if topic is not None:
+        allowed = topics.kinds_on(topic)
+        if allowed is not None and kind not in allowed:
+            raise DecodeError("wrong_stream", f"a {kind} record does not belong on {topic[:249]} "
+                              f"(it holds {', '.join(sorted(allowed))})")
+    return kind
+
+
 def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
            topic: str | None = None) -> Record:
     """Decode one record value.
@@ -170,22 +228,7 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
     except orjson.JSONDecodeError:
         obj = _parse_slowly(raw)
     has_float = _check_parsed(obj)
-    if not isinstance(obj, dict):
-        raise DecodeError("not_object", f"top-level JSON is {type(obj).__name__}, not an object")
-    kind = obj.get("kind")
-    if not isinstance(kind, str) or kind not in RECORD_TYPES:
-        raise DecodeError("unknown_kind", f"kind {str(kind)[:80]!r} is not one of "
-                          f"{sorted(RECORD_TYPES)}")
-    version = obj.get("v")
-    if type(version) is not int or version not in SUPPORTED_VERSIONS[kind]:
-        raise DecodeError("unsupported_version", f"{kind} record has schema version "
-                          f"{str(version)[:40]!r}; this decoder reads "
-                          f"{sorted(SUPPORTED_VERSIONS[kind])}")
-    if topic is not None:
-        allowed = topics.kinds_on(topic)
-        if allowed is not None and kind not in allowed:
-            raise DecodeError("wrong_stream", f"a {kind} record does not belong on {topic[:249]} "
-                              f"(it holds {', '.join(sorted(allowed))})")
+    kind = _kind_of(obj, topic)
     try:
         record = RECORD_ADAPTER.validate_json(raw)
     except ValidationError as exc:
@@ -210,3 +253,29 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
             raise DecodeError("not_canonical", f"{kind} record is valid but not in canonical "
                               "form (RFC 8785, every field present)")
     return record
+
+
+def decode_trusted(data: bytes | bytearray | memoryview | None, *,
+                   topic: str | None = None) -> Record:
+    """Decode one record value from a log that was validated when it was written, without
+    validating it again: for ``replay(..., trust_log=True)``.
+
+    The JSON is parsed (orjson), the kind, schema version and (given ``topic``) stream are
+    checked, and the record is built by
+    :func:`broker_schema.construct.construct`. Not checked: field types, patterns and ranges,
+    extra fields, the effect id against its header, base64 bodies, canonical form. For a valid
+    record in canonical form the result equals :func:`decode`'s. Raises :class:`DecodeError`
+    (the same codes as :func:`decode` for what it checks; ``invalid_record`` when the JSON has
+    not the shape of its kind)."""
+    if data is None:
+        raise DecodeError("not_json", "record has no value (a tombstone?)")
+    raw = bytes(data)
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        obj = _parse_slowly(raw)
+    kind = _kind_of(obj, topic)
+    try:
+        return construct(RECORD_TYPES[kind], obj)  # type: ignore[return-value]
+    except (ConstructError, AttributeError, TypeError) as exc:
+        raise DecodeError("invalid_record", f"{kind}: {exc}") from None

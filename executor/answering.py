@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from broker_schema import topics
-from broker_schema.codec import encode, record_hash
+from broker_schema.codec import record_hash
 from broker_schema.records import (
     ExecutorInfo,
     InlineBody,
@@ -397,9 +397,9 @@ class AnswerMixin:
                     model_hash=model_hash, executor=info, started_us=started_us,
                     finished_us=finished_us,
                 )
-        signed = self.identity.sign_response(response)
+        _, value = self.identity.sign_and_encode(response)
         topic = topics.resp_for(job.request.header.workload_id, job.request.header.shadow)
-        return topic, encode(signed), response
+        return topic, value, response
 
     def _answered(self: ExecutorService, job: InFlight, response: ResponseRecord, *, kind: str,
                   tp: tuple[str, int], tracker: OffsetTracker | None,

@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from broker_schema import signatures
+from broker_schema import encode_signed, signatures
 from broker_schema.records import ResponseRecord, Signature
 from broker_schema.signatures import ED25519, KeyType, SigningKey
 
@@ -74,10 +74,18 @@ class NodeIdentity:
 
     def sign_response(self, response: ResponseRecord) -> ResponseRecord:
         """``response`` with its ``signature`` set."""
-        value = self.sign(response.signing_bytes())
-        return response.model_copy(
-            update={"signature": Signature(alg=self.key_type, key_id=self.key_id, value=value)}
-        )
+        return self.sign_and_encode(response)[0]
+
+    def sign_and_encode(self, response: ResponseRecord) -> tuple[ResponseRecord, bytes]:
+        """``response`` with its ``signature`` set, and its canonical bytes: the signing bytes
+        and the record's bytes from one canonical pass (:func:`broker_schema.encode_signed`).
+        :class:`broker_schema.RecordTooLarge` as :func:`broker_schema.encode` raises it."""
+        signed, data, _ = encode_signed(response, self.signature_of)
+        return signed, data
+
+    def signature_of(self, message: bytes) -> Signature:
+        """The :class:`~broker_schema.records.Signature` of ``message`` by this node's key."""
+        return Signature(alg=self.key_type, key_id=self.key_id, value=self.sign(message))
 
 
 def verify_response(response: ResponseRecord, public_key: bytes | str) -> bool:

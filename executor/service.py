@@ -737,9 +737,9 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         self, response: ResponseRecord, kind: str, key: tuple[str, int], offset: int,
         read_mono: float,
     ) -> None:
-        signed = self.identity.sign_response(response)
+        _, value = self.identity.sign_and_encode(response)
         topic = topics.resp_for(response.header.workload_id, response.header.shadow)
-        await self._produce("response", topic, encode(signed), response.effect_id.encode())
+        await self._produce("response", topic, value, response.effect_id.encode())
         code = response.error.code if response.error else ""
         self.metrics.requests.labels(kind, response.outcome, code).inc()
         self.metrics.request_seconds.labels(kind, response.outcome).observe(

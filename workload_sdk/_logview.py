@@ -25,6 +25,7 @@ from broker_schema import (
     StreamRef,
     canonical_json,
     decode,
+    decode_trusted,
     topics,
 )
 from broker_schema.binding import claim_in_force
@@ -76,17 +77,24 @@ class LogRecord:
     #: The decoded record, once :meth:`decode` has parsed it (records are immutable, so each is
     #: parsed once however often replay, diff, audit and why read it).
     _record: Record | None = field(default=None, compare=False, repr=False)
+    #: Whether :attr:`_record` was decoded strictly (False: by a trusted read, which a strict
+    #: read does not reuse).
+    _strict: bool = field(default=False, compare=False, repr=False)
 
-    def decode(self, topic: str = "") -> Record:
+    def decode(self, topic: str = "", *, trusted: bool = False) -> Record:
         """The decoded record (parsed once, then kept); :class:`LogGap` (``undecodable``) if
-        it is not a valid record."""
+        it is not a valid record. ``trusted``: built without validation
+        (:func:`broker_schema.decode_trusted`, for ``replay(..., trust_log=True)``); a record
+        decoded strictly is reused by either kind of read, a trusted one only by trusted
+        reads."""
         record = self._record
-        if record is None:
+        if record is None or not (trusted or self._strict):
             try:
-                record = decode(self.value)
+                record = decode_trusted(self.value) if trusted else decode(self.value)
             except DecodeError as exc:
                 raise LogGap(topic, self.offset, "undecodable", str(exc)) from None
             object.__setattr__(self, "_record", record)
+            object.__setattr__(self, "_strict", not trusted)
         return record
 
 

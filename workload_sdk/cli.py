@@ -289,7 +289,8 @@ def _replay(args: argparse.Namespace) -> int:
                 print(f"{report.count} outputs differ")
         return 0 if report.kind == "same" else EXIT_DIFF
     try:
-        result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start)
+        result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start,
+                        trust_log=args.trust_log)
         problems = compare_outputs(result, log)
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
@@ -315,6 +316,7 @@ def _replay(args: argparse.Namespace) -> int:
             "merge_offset": result.snapshot_offset, "seq": result.snapshot_seq},
         "entries_replayed": result.entries,
         "steps_replayed": result.steps,
+        "trust_log": args.trust_log,
         "outputs_checked": len(result.outputs),
         "output_problems": problems,
     }
@@ -624,6 +626,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "new code)")
     rp.add_argument("--to", type=int, help="stop after the step at this merge seq")
     rp.add_argument("--from-start", action="store_true", help="ignore snapshots")
+    rp.add_argument("--trust-log", action="store_true",
+                    help="do not validate the log's records again (the holder validated them "
+                    "when it merged them): faster; the fold's own checks stay "
+                    "(docs/replay.md)")
     rp.add_argument("--diff", action="store_true", help="run --module over the recorded "
                     "inputs and answers and report the first output that differs")
     rp.add_argument("--json", action="store_true")

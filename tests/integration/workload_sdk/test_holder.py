@@ -133,6 +133,11 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
     assert compare_outputs(full, log) == [] and len(full.outputs) == len(out_slots(log))
     snap = replay(FiletypeGate(), log)
     assert snap.snapshot_seq is not None and snap.core.state_hash == full.core.state_hash
+    # trust_log over a fresh read of the same log (nothing decoded strictly yet): the same
+    # fold, outputs and entries without validating the records again
+    trusted = replay(FiletypeGate(), await h.read_log(), use_snapshots=False, trust_log=True)
+    assert (trusted.core.state_hash, trusted.outputs, trusted.entries) == (
+        full.core.state_hash, full.outputs, full.entries)
 
     # fx why walks from a gate actuation back to the file's bytes
     gate_offset, gate_req = h.requests(log, GATE_KIND)[-1]
@@ -162,6 +167,17 @@ async def test_failover_fences_the_old_holder_and_writes_every_output_once(
     assert printed["seq"] == 5 and printed["snapshot"]["seq"] == 3
     assert printed["state_hash"] == replay(FiletypeGate(), log, to_seq=4,
                                            use_snapshots=False).core.state_hash
+    # ... and with --trust-log, from the start: the whole log's state, every output checked
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "workload_sdk", "replay", wid, "--module", MODULE,
+                         "--from-start", "--trust-log", "--json", "--bootstrap",
+                         kafka_bootstrap],
+        capture_output=True, cwd=ROOT, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    printed = json.loads(proc.stdout)
+    assert printed["trust_log"] is True and printed["output_problems"] == []
+    assert printed["state_hash"] == full.core.state_hash
+    assert printed["outputs_checked"] == len(full.outputs)
 
 
 def _outputs(log: WorkloadLog) -> list[dict[str, object]]:

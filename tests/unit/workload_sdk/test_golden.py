@@ -25,7 +25,7 @@ from workload_sdk import (
     replay,
     why,
 )
-from workload_sdk._replay import compare_outputs
+from workload_sdk._replay import ReplayError, compare_outputs
 from workload_sdk._why import render_tree, verify_signature
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -49,6 +49,34 @@ def test_golden_replays_to_the_recorded_state_and_outputs(log: WorkloadLog) -> N
     assert len(replay(Asker(), log, use_snapshots=False).outputs) == expected["outputs"]
     epochs = {decode(r.value).epoch for r in log["claims"]}  # type: ignore[union-attr]
     assert epochs == {1, 2}
+
+
+def test_golden_replays_the_same_with_trust_log() -> None:
+    expected = json.loads((GOLDEN / "asker_failover.expected.json").read_text())
+    for use_snapshots in (False, True):
+        strict = replay(Asker(), WorkloadLog.from_jsonl(GOLDEN / "asker_failover.jsonl"),
+                        use_snapshots=use_snapshots)
+        fresh = WorkloadLog.from_jsonl(GOLDEN / "asker_failover.jsonl")
+        trusted = replay(Asker(), fresh, use_snapshots=use_snapshots, trust_log=True)
+        assert trusted.core.state_hash == strict.core.state_hash == expected["state_hash"]
+        assert (trusted.outputs, trusted.entries, trusted.steps, trusted.core.pending) == (
+            strict.outputs, strict.entries, strict.steps, strict.core.pending)
+        assert compare_outputs(trusted, fresh) == []
+
+
+def test_trust_log_keeps_the_folds_own_checks(log: WorkloadLog) -> None:
+    # a merge entry that records another decision than the fold takes is still found
+    view = log["merge"]
+    offset, rec = next((o, r) for o, r in sorted(view.records.items())
+                       if isinstance(decode(r.value), MergeEntry)
+                       and decode(r.value).action == "deliver")  # type: ignore[union-attr]
+    entry = decode(rec.value)
+    assert isinstance(entry, MergeEntry)
+    wrong = entry.model_copy(update={"action": "pass_over", "reason": "duplicate"})
+    view.records[offset] = type(rec)(offset, rec.time_ms, canonical_json(
+        wrong.model_dump(mode="json")))
+    with pytest.raises(ReplayError, match="the fold decides deliver"):
+        replay(Asker(), log, use_snapshots=False, trust_log=True)
 
 
 def test_golden_round_trips_through_jsonl(log: WorkloadLog, tmp_path: Path) -> None:
