@@ -41,8 +41,7 @@ from .oracle import (
     attention,
     check_matmul_input,
     exactness_weights,
-    fuse_q4,
-    fused_layout,
+    fused_matrices,
     piece_split,
     rmsnorm,
     split_pieces,
@@ -174,23 +173,9 @@ class NativeOps(OracleOps):
         self.threads = default_threads() if threads is None else int(threads)
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
-        self.config = cfg = art.config
-        self.model_hash = art.model_hash
-        self.art = art
-        self.native: dict[str, _NativeMatrix] = {}
-        for layer in range(cfg.n_layers):
-            for fused, names in fused_layout(cfg, layer).items():
-                c, s, o = fuse_q4(art, names)
-                self.native[fused] = _NativeMatrix(c, s, o, 15)
-        self.native["output"] = _NativeMatrix(art.tensors["tok_embd.codes"],
-                                              art.tensors["tok_embd.scale"], None, 128)
+        self._load_common(art)
+        self.native: dict[str, _NativeMatrix] = fused_matrices(art, _NativeMatrix)
         self.mats = {}  # the float32 layout of the numpy path is not kept
-        self.emb_codes = art.tensors["tok_embd.codes"]
-        self.emb_scale = art.tensors["tok_embd.scale"].astype(np.int64)
-        self.gains = {k: v.astype(np.int64) for k, v in art.tensors.items()
-                      if k.endswith("norm")}
-        self.rope_cos = art.tensors["rope.cos"].astype(np.int64)
-        self.rope_sin = art.tensors["rope.sin"].astype(np.int64)
 
     def matmul(self, x: I64, mat: str) -> I64:
         w = self.native[mat]

@@ -30,8 +30,8 @@ integer too).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,8 @@ from . import _fixed as fx
 from .artifact import Artifact, Config, unpack_nibbles
 
 I64 = npt.NDArray[np.int64]
+#: A backend's own representation of one quantized matrix (:func:`fused_matrices`).
+M = TypeVar("M")
 F64 = npt.NDArray[np.float64]
 
 # Largest |x| allowed into a matmul: keeps the accumulation-bound check itself in int64
@@ -288,22 +290,37 @@ def forward(ops: Ops, batch: Sequence[tuple[KVCache, Sequence[int]]], *,
     return [logits[i:i + 1] for i in range(len(spans))]
 
 
+def fused_matrices(art: Artifact,
+                   make: Callable[[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any] | None,
+                                   int], M]) -> dict[str, M]:
+    """Every matrix of the forward in the fused layout (:func:`fused_layout`, :func:`fuse_q4`;
+    ``output`` the tied Q8_0 embedding), each built by ``make(codes, scales, offsets, qmax)``
+    into a backend's own representation."""
+    mats: dict[str, M] = {}
+    for layer in range(art.config.n_layers):
+        for fused, names in fused_layout(art.config, layer).items():
+            c, s, o = fuse_q4(art, names)
+            mats[fused] = make(c, s, o, 15)
+    mats["output"] = make(art.tensors["tok_embd.codes"], art.tensors["tok_embd.scale"], None, 128)
+    return mats
+
+
 class OracleOps:
     """int64 fixed-point operations in numpy: the canonical definition of the engine."""
 
     xp = np
 
     def __init__(self, art: Artifact) -> None:
-        self.config = cfg = art.config
+        self._load_common(art)
+        self.mats: dict[str, QMatrix] = fused_matrices(art, _qmatrix)
+
+    def _load_common(self, art: Artifact) -> None:
+        """What every int64 backend on the CPU keeps as the oracle does: the config, the
+        embedding's codes and scales, the norm gains and the RoPE tables (the matrices are each
+        backend's own layout: :func:`fused_matrices`)."""
+        self.config = art.config
         self.model_hash = art.model_hash
         self.art = art
-        self.mats: dict[str, QMatrix] = {}
-        for layer in range(cfg.n_layers):
-            for fused, names in fused_layout(cfg, layer).items():
-                c, s, o = fuse_q4(art, names)
-                self.mats[fused] = _qmatrix(c, s, o, 15)
-        self.mats["output"] = _qmatrix(art.tensors["tok_embd.codes"],
-                                       art.tensors["tok_embd.scale"], None, 128)
         self.emb_codes = art.tensors["tok_embd.codes"]
         self.emb_scale = art.tensors["tok_embd.scale"].astype(np.int64)
         self.gains = {k: v.astype(np.int64) for k, v in art.tensors.items()
