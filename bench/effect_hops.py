@@ -8,6 +8,11 @@ Uses ``--bootstrap`` or ``FX_KAFKA_BOOTSTRAP``, else starts a local Apache Kafka
 answers. Inputs go one at a time (one effect in flight). Per effect, from broker append times
 (LogAppendTime: one clock) and the holder's own measure:
 
+- ``request_to_commit``: the request's append to the holder's transaction commit returning
+  (EndTxn answered; wall clock, as are the next two: :class:`TimingPoints`);
+- ``request_to_executor_read``: the request's append to the executor's handler receiving it
+  (its ``read_committed`` consumer sees it once the transaction's marker is written);
+- ``executor_catch_up``: the executor's ``.claims``/``.spec`` catch-up before deciding;
 - ``request_to_accepted``: the request's append on ``.out`` to its ``accepted`` on ``.resp``:
   the holder's transaction commit (the request is read ``read_committed``), the executor's
   fetch, decision and write;
@@ -78,6 +83,56 @@ from workload_sdk import (  # noqa: E402
 TIMEOUT_S = 20.0
 
 
+class TimingPoints:
+    """Wall-clock timing points inside the holder and the executor of this process (the broker's
+    append times are wall clock on this machine too): when the holder's transaction holding a
+    request returned from its commit, when the executor's consumer handed the request over, and
+    how long its ``.claims``/``.spec`` catch-up took. Installed by wrapping three methods for
+    the run (``install``), removed after (``remove``); nothing else changes."""
+
+    def __init__(self) -> None:
+        self.committed: dict[int, float] = {}  # request append ms -> commit returned, ms
+        self.read: dict[int, float] = {}  # request append ms -> executor handler, ms
+        self.catch_up_ms: list[float] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        points = self
+        write, handle = LeaseHolder._write, ExecutorService._handle
+        sync = ExecutorService._sync_workload
+
+        async def timed_write(holder: Any, items: Any) -> Any:
+            metas = await write(holder, items)
+            done = time.time() * 1000
+            for meta in metas:
+                if meta.topic.endswith(".out"):
+                    points.committed.setdefault(meta.timestamp, done)
+            return metas
+
+        async def timed_handle(service: Any, kind: Any, tracker: Any, tp: Any, msg: Any,
+                               synced: Any) -> Any:
+            points.read.setdefault(msg.timestamp, time.time() * 1000)
+            return await handle(service, kind, tracker, tp, msg, synced)
+
+        async def timed_sync(service: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await sync(service, *args, **kwargs)
+            finally:
+                points.catch_up_ms.append((time.perf_counter() - t0) * 1000)
+
+        for cls, name, fn in ((LeaseHolder, "_write", timed_write),
+                              (ExecutorService, "_handle", timed_handle),
+                              (ExecutorService, "_sync_workload", timed_sync)):
+            self._saved.append((cls, name, getattr(cls, name)))
+            setattr(cls, name, fn)
+
+    def remove(self) -> None:
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
+        self._saved.clear()
+
+
 class Add1(Workload):
     """One inference of the trivial model per input (the input is the model's tensor JSON)."""
 
@@ -127,6 +182,8 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
         model_dir=store.root, key_file=tmp / "node.key", chunk_dir=tmp / "chunks",
         http_port=None, workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000},
         preload=[model], metadata_max_age_ms=500, facts_interval_s=0)
+    points = TimingPoints()
+    points.install()
     service = ExecutorService(cfg)
     exec_task = asyncio.create_task(service.run())
     holder = LeaseHolder(Add1(), HolderConfig(bootstrap=bootstrap, workload_id=wid,
@@ -159,6 +216,7 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
         service.request_stop()
         await asyncio.wait_for(exec_task, 60)
         await producer.stop()
+        points.remove()
     roundtrips = list(holder.stats.roundtrips_ms)[1:]
     requests: dict[str, int] = {}
     for msg in await _log(bootstrap, topics.out(wid), n + 1):
@@ -177,7 +235,12 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     req_acc = [float(accepted[e] - requests[e]) for e in order]
     acc_resp = [float(answered[e] - accepted[e]) for e in order]
     resp_step = [rt - (answered[e] - requests[e]) for e, rt in zip(order, roundtrips, strict=False)]
-    return {"request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
+    commit = [points.committed[requests[e]] - requests[e] for e in order
+              if requests[e] in points.committed]
+    read = [points.read[requests[e]] - requests[e] for e in order if requests[e] in points.read]
+    return {"request_to_commit": summary(commit), "request_to_executor_read": summary(read),
+            "executor_catch_up": summary(points.catch_up_ms[1:]),
+            "request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
             "response_to_step": summary(resp_step), "roundtrip": summary(roundtrips)}
 
 
