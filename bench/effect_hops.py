@@ -259,7 +259,7 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, Any]:
     await ensure_system_topics(bootstrap)
-    pp = summary(await ping_pong(bootstrap, args.n))
+    pp = summary(await ping_pong(bootstrap, args.n, warmup=20))
     hops = await effect_hops(bootstrap, args.n, tmp)
     report = {"n": args.n, "load": os.getloadavg()[0], "ping_pong": pp, **hops,
               "ratio_p50": round(hops["roundtrip"]["p50_ms"] / pp["p50_ms"], 2),
