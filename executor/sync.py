@@ -3,8 +3,9 @@ before deciding on one of its requests: the state fencing rests on. One reader f
 and the actuator gateway.
 
 :class:`ClaimsSpecReader` reads the topics up to their end offsets at the time of the call into
-an :class:`~executor.core.ExecutorState`; :func:`catch_up` retries a read that fails (a broker
-error, a read that does not reach the end in ``attempt_s``) with backoff until it succeeds:
+an :class:`~executor.core.ExecutorState` (one end-offset look-up when nothing is new);
+:func:`catch_up` retries a read that fails (a broker error, a read that does not reach the end
+in ``attempt_s``) with backoff until it succeeds:
 deciding on a stale spec or epoch would be a guessed outcome, so a request waits, unsettled,
 meanwhile.
 """
@@ -23,6 +24,7 @@ from broker_schema import DecodeError, topics
 from broker_schema.codec import decode
 from broker_schema.records import ClaimRecord, ShadowEvalRecord, ShadowReportRecord, SpecRecord
 from executor.core import ExecutorState
+from fx_kafka.client import check_authorized
 
 __all__ = ["ClaimsSpecReader", "catch_up"]
 
@@ -50,8 +52,15 @@ async def catch_up(read: Callable[[str, str | None], Awaitable[None]], workload_
 
 class ClaimsSpecReader:
     """Reads ``.claims`` and ``.spec`` of the workloads seen so far with one side consumer
-    (``side``, assigned here) and looks end offsets up with ``probe`` (a consumer that fetches
-    nothing). ``on_undecodable(code)`` counts a record that does not decode."""
+    (``side``, assigned here) and looks offsets up with ``probe`` (a consumer that fetches
+    nothing). ``on_undecodable(code)`` counts a record that does not decode.
+
+    The side consumer's partitions stay paused between reads, so it has no long-poll fetch in
+    flight when a read needs its connection (Kafka answers the requests of one connection in
+    order: a metadata or offset request sent behind an idle fetch waits for that fetch, up to
+    ``fetch_max_wait_ms``). A new workload's partitions are added at their beginning offsets
+    (looked up on the probe) and the others keep their positions (``seek``): neither a reset
+    nor a re-read of what was read already, however many workloads are watched."""
 
     def __init__(self, state: ExecutorState, side: AIOKafkaConsumer, probe: AIOKafkaConsumer,
                  *, on_undecodable: Callable[[str], None]) -> None:
@@ -70,18 +79,38 @@ class ClaimsSpecReader:
                 tps.append(TopicPartition(topics.shadow_stream(workload_id, shadow, "eval"), 0))
             watch_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
             if watch_key not in self._watched:
+                await self._watch(tps)
                 self._watched[watch_key] = tps
-                # Re-assigning resets positions to the beginning: reading again is idempotent.
-                self.side.assign([tp for group in self._watched.values() for tp in group])
             end = await self.probe.end_offsets(tps)
-            while True:
-                behind = [tp for tp in tps if await self.side.position(tp) < end[tp]]
-                if not behind:
-                    return
-                data = await self.side.getmany(*behind, timeout_ms=1000)
-                for _tp, msgs in data.items():
-                    for msg in msgs:
-                        self._observe(workload_id, msg)
+            behind = [tp for tp in tps if await self.side.position(tp) < end[tp]]
+            if not behind:
+                return
+            self.side.resume(*behind)
+            try:
+                while behind:
+                    data = await self.side.getmany(*behind, timeout_ms=1000)
+                    for _tp, msgs in data.items():
+                        for msg in msgs:
+                            self._observe(workload_id, msg)
+                    behind = [tp for tp in behind if await self.side.position(tp) < end[tp]]
+            finally:
+                self.side.pause(*self.side.assignment())
+
+    async def _watch(self, new: list[TopicPartition]) -> None:
+        """Add ``new`` to the side consumer's assignment, at their beginning offsets."""
+        names = sorted({tp.topic for tp in new})
+        # both clients learn the topics' leaders first (aiokafka would otherwise find them
+        # unknown, ask for metadata and sleep its retry back-off before looking again), and a
+        # topic this node may not read is refused at once instead of retried to a timeout
+        await check_authorized(self.probe, names)
+        begin = await self.probe.beginning_offsets(new)
+        await check_authorized(self.side, names)
+        kept = {tp: await self.side.position(tp) for tp in self.side.assignment()
+                if tp not in begin}
+        self.side.assign([*kept, *new])
+        for tp, offset in (*kept.items(), *begin.items()):
+            self.side.seek(tp, offset)
+        self.side.pause(*self.side.assignment())
 
     def _observe(self, workload_id: str, msg: Any) -> None:
         try:
