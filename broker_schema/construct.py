@@ -50,8 +50,18 @@ def _builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
     build = _BUILDERS.get(cls)
     if build is not None:
         return build
-    # placeholder first, so a model that (indirectly) holds itself does not recurse forever
+    # placeholder first, so a model that (indirectly) holds itself does not recurse forever;
+    # removed again when no builder can be made (the TypeError is raised on every later call)
     _BUILDERS[cls] = lambda obj: _BUILDERS[cls](obj)
+    try:
+        _BUILDERS[cls] = _make_builder(cls)
+    except BaseException:
+        del _BUILDERS[cls]
+        raise
+    return _BUILDERS[cls]
+
+
+def _make_builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
     fields = cls.model_fields
     for name, info in fields.items():
         if info.alias not in (None, name) or info.validation_alias not in (None, name):
@@ -100,7 +110,6 @@ def _builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
         set_attr(m, "__pydantic_private__", None)
         return m
 
-    _BUILDERS[cls] = build_model
     return build_model
 
 

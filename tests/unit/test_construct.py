@@ -127,3 +127,14 @@ def test_a_trusted_body_reads_its_bytes() -> None:
     got = decode_trusted(encode(inp))
     assert isinstance(got, bs.InputRecord) and isinstance(got.body, bs.InlineBody)
     assert got.body.raw() == data and got.body.data == base64.b64encode(data).decode()
+
+
+def test_a_model_with_no_trusted_construction_says_so_every_time() -> None:
+    from pydantic import BaseModel
+
+    class Odd(BaseModel):
+        value: set[int]
+
+    for _ in range(2):  # the second call raises the same error, not a recursion
+        with pytest.raises(TypeError, match="no trusted construction"):
+            construct(Odd, {"value": [1]})
