@@ -96,8 +96,13 @@ class ClaimsSpecReader:
             finally:
                 self.side.pause(*self.side.assignment())
 
-    async def _watch(self, new: list[TopicPartition]) -> None:
-        """Add ``new`` to the side consumer's assignment, at their beginning offsets."""
+    async def _watch(self, tps: list[TopicPartition]) -> None:
+        """Add those of ``tps`` the side consumer does not read yet to its assignment, at their
+        beginning offsets (a shadow evaluation's ``.eval`` beside its workload's claims and spec
+        already read adds only itself)."""
+        new = [tp for tp in tps if tp not in self.side.assignment()]
+        if not new:
+            return
         names = sorted({tp.topic for tp in new})
         # both clients learn the topics' leaders first (aiokafka would otherwise find them
         # unknown, ask for metadata and sleep its retry back-off before looking again), and a

@@ -14,7 +14,7 @@ from broker_schema import INFERENCE_KIND, ExecutorInfo, encode, topics
 from executor.core import ExecutorState
 from executor.sync import ClaimsSpecReader
 from fx_kafka.client import make_consumer, make_producer
-from fx_kafka.workload import ensure_workload_topics
+from fx_kafka.workload import ensure_shadow_topics, ensure_workload_topics
 from tests.unit.executor.helpers import claim, spec
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,13 @@ async def test_reads_everything_written_before_it_and_never_rereads(kafka_bootst
         assert state.workload(wids[0]).highest_epoch == 9
         assert reader.seen[topics.claims(wids[0])] == 4
         assert undecodable == ["not_json"]
+        # a shadow evaluation of a watched workload adds its .eval only
+        await ensure_shadow_topics(kafka_bootstrap, wids[1], "eval-1")
+        before = dict(reader.seen)
+        await reader.read(wids[1], shadow="eval-1")
+        assert topics.shadow_stream(wids[1], "eval-1", "eval") in {
+            tp.topic for tp in side.assignment()}
+        assert dict(reader.seen) == before
         # nothing new: a read reads nothing
         before = dict(reader.seen)
         for wid in wids:
