@@ -302,3 +302,21 @@ def test_load_receipts_is_a_list_or_a_value_error(lines: list[str]) -> None:
         assert all(isinstance(r, dict) for r in receipts)
     finally:
         path.unlink(missing_ok=True)
+
+
+@FUZZ
+@given(record_bytes())
+def test_trusted_decode_of_any_bytes_is_a_record_or_a_typed_error(raw: bytes) -> None:
+    """``decode_trusted`` (replay with ``trust_log``) checks less than ``decode``, but on any
+    bytes it still returns a record or raises ``DecodeError`` with a code from the closed set;
+    and on bytes the strict decoder accepts, it returns the same record."""
+    try:
+        trusted = bs.decode_trusted(raw)
+    except bs.DecodeError as exc:
+        assert exc.code in bs.DECODE_CODES, exc.code
+        trusted = None
+    try:
+        strict = bs.decode(raw)
+    except bs.DecodeError:
+        return
+    assert trusted == strict
