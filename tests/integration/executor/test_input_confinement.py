@@ -102,21 +102,24 @@ def any_broker(request: pytest.FixtureRequest, kafka_bootstrap: str,
         yield b, asyncio.run(_auto_create(b))
 
 
-def _spy_reads(svc: ExecutorService) -> list[str]:
-    """Topics the executor went to the broker for while reading stream inputs."""
+def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Topics the executors of this test go to the broker for while reading stream inputs.
+    Installed on the class before an executor starts: one may answer its first requests before
+    ``running`` hands it over."""
     seen: list[str] = []
-    real = svc._partitions
+    real = ExecutorService._partitions
 
-    async def partitions(topic: str) -> Any:
+    async def partitions(self: ExecutorService, topic: str) -> Any:
         seen.append(topic)
-        return await real(topic)
+        return await real(self, topic)
 
-    svc._partitions = partitions  # type: ignore[method-assign]
+    monkeypatch.setattr(ExecutorService, "_partitions", partitions)
     return seen
 
 
 async def test_forbidden_references_are_refused_before_any_read(
-    kafka_bootstrap: str, tmp_path: Path, store: ModelStore, magika_hash: str
+    kafka_bootstrap: str, tmp_path: Path, store: ModelStore, magika_hash: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with workload(kafka_bootstrap, "confine") as wl, \
             workload(kafka_bootstrap, "other") as other:
@@ -140,8 +143,8 @@ async def test_forbidden_references_are_refused_before_any_read(
         for r in [*reqs.values(), fine]:
             await wl.send(r)
         cfg = executor_config(kafka_bootstrap, wid, tmp_path, store.root)
+        seen = _spy_reads(monkeypatch)
         async with running(cfg) as svc:
-            seen = _spy_reads(svc)
             recs = await wl.responses([r.effect_id for r in [*reqs.values(), fine]], settle=0.5)
             public_key = svc.identity.public_key_b64
             metrics = svc.metrics_text().decode()
