@@ -387,7 +387,7 @@ class GatewayService:
     async def _respond(self, response: ResponseRecord, kind: str, key: tuple[str, int],
                        tracker: OffsetTracker, read_mono: float) -> None:
         """Sign and write ``response`` (acks=all); then its request's offset is settled."""
-        _, value = self.identity.sign_and_encode(response)
+        value = self.identity.sign_and_encode(response)
         await self._produce("response", topics.resp(response.header.workload_id),
                             value, response.effect_id.encode())
         code = response.error.code if response.error else ""

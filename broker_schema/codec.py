@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -28,8 +28,6 @@ from broker_schema.construct import ConstructError, construct
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record, Signature
 
-R = TypeVar("R", bound=BaseModel)
-
 RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
 
@@ -45,10 +43,12 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     return data
 
 
-def encode_signed(record: R, sign: Callable[[bytes], Signature], *,
-                  limit: int = MAX_RECORD_BYTES) -> tuple[R, bytes, bytes]:
+def encode_signed(record: BaseModel, sign: Callable[[bytes], Signature], *,
+                  limit: int = MAX_RECORD_BYTES) -> tuple[Signature, bytes, bytes]:
     """Sign ``record`` (a record kind with a ``signature`` field) and encode it, from one
-    canonical pass over its members: ``(signed record, its canonical bytes, the signing bytes)``.
+    canonical pass over its members: ``(its signature, the signed record's canonical bytes, the
+    signing bytes)``. Writers need only the bytes, so no signed copy of the record is made here
+    (``record.model_copy(update={"signature": signature})`` is it).
 
     The signing bytes are the record's canonical bytes with ``signature`` null (what
     :meth:`~broker_schema.records.ResponseRecord.signing_bytes` gives); ``sign`` turns them into
@@ -74,7 +74,7 @@ def encode_signed(record: R, sign: Callable[[bytes], Signature], *,
     data = head + b'"signature":' + canonical_json(signature.model_dump(mode="json")) + tail
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
-    return record.model_copy(update={"signature": signature}), data, signing
+    return signature, data, signing
 
 
 def record_hash(record: BaseModel) -> str:

@@ -397,7 +397,7 @@ class AnswerMixin:
                     model_hash=model_hash, executor=info, started_us=started_us,
                     finished_us=finished_us,
                 )
-        _, value = self.identity.sign_and_encode(response)
+        value = self.identity.sign_and_encode(response)
         topic = topics.resp_for(job.request.header.workload_id, job.request.header.shadow)
         return topic, value, response
 

@@ -74,14 +74,15 @@ class NodeIdentity:
 
     def sign_response(self, response: ResponseRecord) -> ResponseRecord:
         """``response`` with its ``signature`` set."""
-        return self.sign_and_encode(response)[0]
+        signature, _, _ = encode_signed(response, self.signature_of)
+        return response.model_copy(update={"signature": signature})
 
-    def sign_and_encode(self, response: ResponseRecord) -> tuple[ResponseRecord, bytes]:
-        """``response`` with its ``signature`` set, and its canonical bytes: the signing bytes
-        and the record's bytes from one canonical pass (:func:`broker_schema.encode_signed`).
-        :class:`broker_schema.RecordTooLarge` as :func:`broker_schema.encode` raises it."""
-        signed, data, _ = encode_signed(response, self.signature_of)
-        return signed, data
+    def sign_and_encode(self, response: ResponseRecord) -> bytes:
+        """The canonical bytes of ``response`` signed: the signing bytes and the record's bytes
+        from one canonical pass (:func:`broker_schema.encode_signed`), no signed copy of the
+        record made. :class:`broker_schema.RecordTooLarge` as :func:`broker_schema.encode`
+        raises it."""
+        return encode_signed(response, self.signature_of)[1]
 
     def signature_of(self, message: bytes) -> Signature:
         """The :class:`~broker_schema.records.Signature` of ``message`` by this node's key."""

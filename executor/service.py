@@ -737,7 +737,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         self, response: ResponseRecord, kind: str, key: tuple[str, int], offset: int,
         read_mono: float,
     ) -> None:
-        _, value = self.identity.sign_and_encode(response)
+        value = self.identity.sign_and_encode(response)
         topic = topics.resp_for(response.header.workload_id, response.header.shadow)
         await self._produce("response", topic, value, response.effect_id.encode())
         code = response.error.code if response.error else ""

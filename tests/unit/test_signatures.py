@@ -136,12 +136,13 @@ def test_one_canonical_pass_signs_and_encodes_as_the_two_passes_did(
     # encode_signed splices the signing bytes and the record's bytes from one encoding of the
     # members other than the signature: byte for byte the separate passes, and it verifies
     ident = _IDENTS[kind]
-    signed, data, signing = encode_signed(resp, ident.signature_of)
+    signature, data, signing = encode_signed(resp, ident.signature_of)
+    signed = resp.model_copy(update={"signature": signature})
     assert signing == resp.signing_bytes() == signed.signing_bytes()
     assert data == encode(signed)
     assert decode(data) == signed
     assert signatures.response_signature_problem(signed, ident.public_key) is None
-    assert ident.sign_and_encode(resp)[1] == encode(ident.sign_response(resp))
+    assert ident.sign_and_encode(resp) == encode(ident.sign_response(resp))
 
 
 def test_encode_signed_refuses_what_encode_refuses() -> None:
