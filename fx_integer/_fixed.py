@@ -141,3 +141,22 @@ def f16_bits_to_q24(bits: npt.NDArray[np.uint16]) -> I64:
         raise ValueError("f16 inf/nan in quantization scales")
     mag = np.where(e == 0, frac, (frac + 1024) << np.maximum(e - 1, 0))
     return np.where(sign == 1, -mag, mag).astype(np.int64)
+
+
+# gelu_tanh(x) = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x**3)), the constants in Q.30:
+# round(2 * sqrt(2 / pi) * 2**30), round(0.044715 * 2**30).
+GELU_2C_Q30: Final = 1713444047
+GELU_A_Q30: Final = 48012366
+# |x| >= 16 (Q.16: 2**20) saturates the sigmoid to exactly 0 or 2**30 in Q.30 (argument beyond
+# +-318), so the cube is taken of x clamped there: same result, no overflow.
+GELU_CLAMP: Final = 1 << 20
+
+
+def gelu_tanh_q16(x: I64) -> I64:
+    """GELU with the tanh approximation, Q.16 in and out (|x| < 2**31)."""
+    c = np.clip(x, -GELU_CLAMP, GELU_CLAMP)
+    c2 = rshift_round(c * c, 16)  # <= 2**24
+    c3 = rshift_round(c2 * c, 16)  # <= 2**28
+    inner = c + rshift_round(c3 * np.int64(GELU_A_Q30), 30)
+    arg = rshift_round(inner * np.int64(GELU_2C_Q30), 30)
+    return rshift_round(x * sigmoid_q30(arg), 30)

@@ -45,7 +45,11 @@ import numpy.typing as npt
 from . import _fixed
 
 MAGIC: Final = b"NLFXINT\x00"
-FORMAT_VERSION: Final = 1
+#: The newest format this engine writes; it reads every version in READ_VERSIONS. Format 1 is
+#: SmolLM2's llama layout (nibble-packed Q4_1 matrices, Q8_0 embedding); format 2 adds the
+#: architecture fields of :class:`Config` and a ``quant`` table naming each matrix's format.
+FORMAT_VERSION: Final = 2
+READ_VERSIONS: Final = (1, 2)
 _ALIGN: Final = 64
 _PREFIX = struct.Struct("<8sIIQ")
 
@@ -62,6 +66,10 @@ class ArtifactError(ValueError):
     """The file is not a valid artifact (bad magic, version, header or hash)."""
 
 
+_V1_KEYS: Final = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim",
+                   "vocab_size", "ctx_len", "rope_theta", "norm_eps_q32", "attn_scale_q30")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     n_layers: int
@@ -75,13 +83,110 @@ class Config:
     rope_theta: str
     norm_eps_q32: int
     attn_scale_q30: int  # round(log2(e) / sqrt(head_dim) * 2**30)
+    # -- the architecture (format version 2; the defaults are format 1's llama) -----------------
+    arch: str = "llama"  # the GGUF general.architecture it came from (informational)
+    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm without bias: x - mean, then RMS)
+    post_norms: int = 0  # 1: post_attention_norm / post_ffw_norm on each branch's output
+    qk_norm: int = 0  # 1: RMSNorm over each head of q and k (gains of head_dim) before RoPE
+    act: str = "silu"  # gated FFN activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embd_scale_q24: int = 0  # 0: none; else the embedding row is multiplied by this / 2**24
+    rope_layout: str = "interleaved"  # pairs (2i, 2i+1), or "neox": pairs (i, i + head_dim/2)
+    rope_theta_swa: str = ""  # RoPE base of sliding-window layers ("" = rope_theta)
+    # one character per layer: "f" full attention with RoPE, "s" sliding window with RoPE
+    # (base rope_theta_swa), "n" full attention without RoPE (NoPE); "" = every layer "f"
+    layer_kinds: str = ""
+    window: int = 0  # sliding window: a query at p sees keys at p - window < j <= p
+    parallel_block: int = 0  # 1: attention and FFN both read the same normed input
+    n_experts: int = 0  # 0: dense FFN; else a mixture of experts with a router (ffn_gate_inp)
+    n_experts_used: int = 0  # experts per token (top-k)
+    d_ff_expert: int = 0  # each expert's hidden width
+    moe_gating: str = ""  # "softmax": softmax over all experts, then top-k
+    moe_norm_topk: int = 0  # 1: the top-k weights are renormalised to sum to one
+    logit_scale_q24: int = 0  # 0: none; else logits multiplied by this / 2**24
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Format 1 configs (llama, every architecture field at its default) keep their exact
+        format 1 keys, so a format 1 artifact's bytes and modelHash never change."""
+        d = dataclasses.asdict(self)
+        if self.is_format1():
+            return {k: d[k] for k in _V1_KEYS}
+        return d
+
+    def is_format1(self) -> bool:
+        return all(getattr(self, f.name) == f.default for f in dataclasses.fields(self)
+                   if f.name not in _V1_KEYS)
+
+    def kind(self, layer: int) -> str:
+        """The layer's kind: "f" full with RoPE, "s" sliding window, "n" full without RoPE."""
+        return self.layer_kinds[layer] if self.layer_kinds else "f"
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Config:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                out[f.name] = d[f.name]
+            elif f.name in _V1_KEYS:
+                raise KeyError(f.name)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ArtifactError(f"config names fields this engine does not know: {sorted(unknown)}")
+        cfg = cls(**out)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Refuse a config the forward cannot run as written (a clear error, not a wrong run)."""
+        problems = []
+        if self.norm not in ("rms", "layer"):
+            problems.append(f"norm {self.norm!r}")
+        if self.act not in ("silu", "gelu_tanh"):
+            problems.append(f"act {self.act!r}")
+        if self.rope_layout not in ("interleaved", "neox"):
+            problems.append(f"rope_layout {self.rope_layout!r}")
+        if self.layer_kinds and (len(self.layer_kinds) != self.n_layers
+                                 or set(self.layer_kinds) - set("fsn")):
+            problems.append(f"layer_kinds {self.layer_kinds!r}")
+        if "s" in self.layer_kinds and self.window <= 0:
+            problems.append("sliding-window layers without a window")
+        if self.n_experts and not (0 < self.n_experts_used <= self.n_experts
+                                   and self.d_ff_expert > 0 and self.moe_gating == "softmax"):
+            problems.append("mixture of experts needs n_experts_used, d_ff_expert, "
+                            "moe_gating 'softmax'")
+        if self.d_model >= 2048 or self.head_dim >= 2048:
+            problems.append(f"d_model {self.d_model} / head_dim {self.head_dim}: RMSNorm's "
+                            "exact sum of squares is proven for widths below 2048 only")
+        if self.head_dim % 2:
+            problems.append(f"odd head_dim {self.head_dim}")
+        if problems:
+            raise ArtifactError("unsupported config: " + "; ".join(problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class QWeight:
+    """One quantized matrix as exact integers: ``w[o, k] = (scale[o, k // group] * codes[o, k]
+    + offset[o, k // group]) / 2**24`` (``offset`` None: 0). ``codes`` are the stored int8
+    codes (a view of the file for format 2; unpacked nibbles for format 1)."""
+
+    codes: npt.NDArray[np.int8]  # [O, K]
+    scale: npt.NDArray[Any]  # [O, K // group] Q.24
+    offset: npt.NDArray[Any] | None
+    group: int
+    qmax: int
+    format: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        o, k = self.codes.shape
+        return int(o), int(k)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,6 +197,25 @@ class Artifact:
     tokenizer: dict[str, Any]
     source: dict[str, Any]
     tensors: dict[str, npt.NDArray[Any]]
+    #: format 2: matrix base name -> {"format", "group", "qmax"}; format 1: empty (all Q4_1
+    #: matrices and a Q8_0 embedding, by construction)
+    quant: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    format_version: int = 1
+
+    def has_weight(self, name: str) -> bool:
+        return f"{name}.codes" in self.tensors
+
+    def weight(self, name: str) -> QWeight:
+        """The matrix ``name`` (``blk.3.attn_q``, ``tok_embd``, ``blk.0.ffn_up_exps.5``)."""
+        codes = self.tensors[f"{name}.codes"]
+        scale = self.tensors[f"{name}.scale"]
+        offset = self.tensors.get(f"{name}.offset")
+        if self.format_version == 1:
+            if name == "tok_embd":
+                return QWeight(codes.astype(np.int8, copy=False), scale, None, 32, 128, "Q8_0")
+            return QWeight(unpack_nibbles(codes).view(np.int8), scale, offset, 32, 15, "Q4_1")
+        q = self.quant[name]
+        return QWeight(codes, scale, offset, int(q["group"]), int(q["qmax"]), str(q["format"]))
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -108,8 +232,13 @@ def serialize(
     tokenizer: Mapping[str, Any],
     source: Mapping[str, Any],
     tensors: Mapping[str, npt.NDArray[Any]],
+    quant: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
-    """Artifact bytes; deterministic for equal inputs (tensor order is sorted by name)."""
+    """Artifact bytes; deterministic for equal inputs (tensor order is sorted by name).
+
+    A llama config with no ``quant`` table is written as format 1 (byte-identical to what
+    earlier versions wrote); anything else as format 2."""
+    version = 1 if config.is_format1() and not quant else FORMAT_VERSION
     table = []
     off = 0
     names = sorted(tensors)
@@ -121,15 +250,18 @@ def serialize(
         table.append({"name": name, "dtype": code, "shape": list(a.shape), "offset": off,
                       "nbytes": int(a.nbytes)})
         off += a.nbytes + _pad(a.nbytes)
-    header = canonical_json({
+    head: dict[str, Any] = {
         "format": "nlfx-int",
-        "format_version": FORMAT_VERSION,
+        "format_version": version,
         "config": config.to_json(),
         "tokenizer": dict(tokenizer),
         "source": dict(source),
         "tensors": table,
-    })
-    parts = [_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header)), header]
+    }
+    if version >= 2:
+        head["quant"] = {k: dict(v) for k, v in (quant or {}).items()}
+    header = canonical_json(head)
+    parts = [_PREFIX.pack(MAGIC, version, 0, len(header)), header]
     parts.append(b"\x00" * _pad(_PREFIX.size + len(header)))
     for name in names:
         a = np.ascontiguousarray(tensors[name]).astype(tensors[name].dtype.newbyteorder("<"))
@@ -145,15 +277,15 @@ def parse(data: bytes, *, path: Path | None = None) -> Artifact:
     magic, version, _reserved, hlen = _PREFIX.unpack_from(data, 0)
     if magic != MAGIC:
         raise ArtifactError(f"bad magic {magic!r}: not an integer-engine artifact")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise ArtifactError(
-            f"artifact format version {version}, this engine reads {FORMAT_VERSION}")
+            f"artifact format version {version}, this engine reads {READ_VERSIONS}")
     header_end = _PREFIX.size + hlen
     try:
         header = json.loads(data[_PREFIX.size:header_end].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ArtifactError(f"corrupt artifact header: {e}") from e
-    if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION:
+    if not isinstance(header, dict) or header.get("format_version") != version:
         raise ArtifactError("header format_version does not match the file prefix")
     base = header_end + _pad(header_end)
     tensors: dict[str, npt.NDArray[Any]] = {}
@@ -175,6 +307,9 @@ def parse(data: bytes, *, path: Path | None = None) -> Artifact:
             if not isinstance(getattr(config, f.name), int | str):
                 raise ArtifactError(f"config.{f.name} is not an integer or string")
         tokenizer, source = header["tokenizer"], header["source"]
+        quant = _check_quant(header.get("quant", {}), tensors) if version >= 2 else {}
+        if version == 1 and not config.is_format1():
+            raise ArtifactError("a format 1 artifact with format 2 config fields")
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ArtifactError):
             raise
@@ -186,7 +321,29 @@ def parse(data: bytes, *, path: Path | None = None) -> Artifact:
         tokenizer=tokenizer,
         source=source,
         tensors=tensors,
+        quant=quant,
+        format_version=version,
     )
+
+
+def _check_quant(quant: Any, tensors: Mapping[str, npt.NDArray[Any]]
+                 ) -> dict[str, dict[str, Any]]:
+    """The format 2 quant table, each entry checked against its tensors' shapes."""
+    if not isinstance(quant, dict):
+        raise ArtifactError("quant table is not an object")
+    out: dict[str, dict[str, Any]] = {}
+    for name, q in quant.items():
+        group, qmax = int(q["group"]), int(q["qmax"])
+        codes, scale = tensors[f"{name}.codes"], tensors[f"{name}.scale"]
+        if (group <= 0 or qmax <= 0 or qmax > 128 or codes.dtype != np.int8 or codes.ndim != 2
+                or codes.shape[1] % group
+                or scale.shape != (codes.shape[0], codes.shape[1] // group)):
+            raise ArtifactError(f"matrix {name}: codes/scales do not match its quant entry")
+        off = tensors.get(f"{name}.offset")
+        if off is not None and off.shape != scale.shape:
+            raise ArtifactError(f"matrix {name}: offsets do not match its scales")
+        out[str(name)] = {"format": str(q["format"]), "group": group, "qmax": qmax}
+    return out
 
 
 def load(path: str | os.PathLike[str], *, expected_hash: str | None = None) -> Artifact:

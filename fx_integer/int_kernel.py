@@ -29,20 +29,21 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ._paths import cache_dir
-from .artifact import Artifact
+from .artifact import Artifact, QWeight
+from .forward import build_matrices
 from .oracle import (
     OracleOps,
     attention,
     check_matmul_input,
     exactness_weights,
-    fused_matrices,
     piece_split,
+    qk_limit,
     rmsnorm,
     split_pieces,
     swiglu,
@@ -113,13 +114,13 @@ def library() -> ctypes.CDLL:
             _lib_error = str(exc)
             raise NativeBuildError(_lib_error) from exc
         p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-        lib.nl_qmatmul.argtypes = [p, i, i, p, i, p, p, p, i, i, p, i]
+        lib.nl_qmatmul.argtypes = [p, i, i, p, i, p, p, p, i, i, p, i, i]
         lib.nl_qmatmul.restype = i
         lib.nl_rmsnorm.argtypes = [p, i, i, p, ll, p]
         lib.nl_rmsnorm.restype = i
         lib.nl_swiglu.argtypes = [p, p, i, i, ll, p]
         lib.nl_swiglu.restype = i
-        lib.nl_attention.argtypes = [p, p, p, p, i, i, i, i, i, ll, p, p]
+        lib.nl_attention.argtypes = [p, p, p, p, i, i, i, i, i, ll, p, p, ll, ll]
         lib.nl_attention.restype = i
         _lib = lib
         return lib
@@ -151,18 +152,20 @@ def default_threads() -> int:
 
 
 class _NativeMatrix:
-    """A quantized matrix laid out for the C kernel: int8 codes [O, K], Q.24 scales [O, nb]."""
+    """A quantized matrix laid out for the C kernel: int8 codes [O, K] (the artifact's own
+    bytes where they are already contiguous int8), Q.24 scales [O, nb]."""
 
-    def __init__(self, codes: npt.NDArray[Any], scale: npt.NDArray[Any],
-                 offset: npt.NDArray[Any] | None, qmax: int) -> None:
-        self.codes = np.ascontiguousarray(codes.astype(np.int8))
-        self.scale = np.ascontiguousarray(scale.astype(np.int64))
-        self.offset = None if offset is None else np.ascontiguousarray(offset.astype(np.int64))
+    def __init__(self, w: QWeight) -> None:
+        self.codes = np.ascontiguousarray(w.codes, dtype=np.int8)
+        self.scale = np.ascontiguousarray(w.scale, dtype=np.int64)
+        self.offset = (None if w.offset is None
+                       else np.ascontiguousarray(w.offset, dtype=np.int64))
+        self.group = w.group
         self.wq = exactness_weights(np.ascontiguousarray(self.scale.T),
                                     None if self.offset is None
-                                    else np.ascontiguousarray(self.offset.T), qmax)
+                                    else np.ascontiguousarray(self.offset.T), w.qmax)
         self.out_features, self.in_features = self.codes.shape
-        self.piece_bits, self.n_pieces = piece_split(qmax)
+        self.piece_bits, self.n_pieces = piece_split(w.qmax, w.group)
 
 
 class NativeOps(OracleOps):
@@ -174,7 +177,8 @@ class NativeOps(OracleOps):
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
         self._load_common(art)
-        self.native: dict[str, _NativeMatrix] = fused_matrices(art, _NativeMatrix)
+        self.native: dict[str, _NativeMatrix]
+        self.native, self.plan = build_matrices(art, _NativeMatrix)
         self.mats = {}  # the float32 layout of the numpy path is not kept
 
     def matmul(self, x: I64, mat: str) -> I64:
@@ -189,12 +193,12 @@ class NativeOps(OracleOps):
         off = w.offset.ctypes.data if w.offset is not None else None
         st = self.lib.nl_qmatmul(x.ctypes.data, t, k, w.codes.ctypes.data, w.out_features,
                                  w.scale.ctypes.data, off, w.wq.ctypes.data, w.piece_bits,
-                                 w.n_pieces, out.ctypes.data, self.threads)
+                                 w.n_pieces, out.ctypes.data, self.threads, w.group)
         if st == 2:
             raise MemoryError(f"{mat}: the integer kernel could not allocate its buffers")
         if st != 0:
             # the numpy oracle's own checks, which raise its own FixedPointOverflow
-            check_matmul_input(x, w.wq, mat)
+            check_matmul_input(x, w.wq, mat, w.group)
             split_pieces(x, w.piece_bits, w.n_pieces)
             raise RuntimeError(f"{mat}: the integer kernel refused an input the numpy oracle "
                                "accepts (a bug: please report it)")
@@ -229,19 +233,19 @@ class NativeOps(OracleOps):
             return swiglu(g, u)  # raises the oracle's FixedPointOverflow
         return out
 
-    def attention(self, q: I64, k: I64, v: I64, qpos: I64) -> I64:
+    def attention(self, q: I64, k: I64, v: I64, qpos: I64, window: int = 0) -> I64:
         n, h, hd = q.shape
         m, kvh, _ = k.shape
         scale = self.config.attn_scale_q30
         if n == 0 or m == 0 or v.shape != k.shape or k.shape[2] != hd:
-            return attention(q, k, v, qpos, scale)
+            return attention(q, k, v, qpos, scale, window)
         q, k, v = (np.ascontiguousarray(a, dtype=np.int64) for a in (q, k, v))
         pos = np.ascontiguousarray(qpos, dtype=np.int64)
         out = np.empty((n, h * hd), dtype=np.int64)
         work = np.empty(m, dtype=np.int64)
         st = self.lib.nl_attention(q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data,
                                    n, h, kvh, hd, m, int(scale), out.ctypes.data,
-                                   work.ctypes.data)
+                                   work.ctypes.data, qk_limit(hd), int(window))
         if st != 0:  # the oracle's own bound errors, or a case the C code leaves to numpy
-            return attention(q, k, v, qpos, scale)
+            return attention(q, k, v, qpos, scale, window)
         return out

@@ -7,13 +7,15 @@ integer array code only (slicing, concatenation, integer additions).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
 
 from . import oracle
 from .artifact import Artifact
-from .oracle import FixedPointOverflow, fused_layout
+from .forward import fusion_plan
+from .oracle import FixedPointOverflow
 
 # kernel name -> argument kinds after (grid, block): p = pointer, i = int32, l = int64
 SIGNATURES: Final[dict[str, str]] = {
@@ -38,24 +40,35 @@ def wq_of(scale: Any, offset: Any | None, qmax: int) -> np.ndarray[Any, np.dtype
     return np.asarray((wmax >> 10) + 1, dtype=np.int64)
 
 
+class UnsupportedArtifact(ValueError):
+    """The backend cannot run this artifact's architecture or formats."""
+
+
 class KernelOps(ABC):
     """Base: prepares fused weights on the host, subclasses move them and launch kernels."""
 
     xp: Any = np
 
     def __init__(self, art: Artifact, *, threads: int) -> None:
-        self.config = cfg = art.config
+        if art.format_version != 1:
+            raise UnsupportedArtifact(
+                f"the CUDA kernels run format 1 artifacts (llama, Q4_1/Q8_0) only; this is "
+                f"format {art.format_version} ({art.config.arch}): use the oracle or "
+                "oracle-native backend")
+        self.config = art.config
         self.model_hash = art.model_hash
         self.threads = threads
         self.q4: dict[str, tuple[Any, Any, Any, Any, int, int]] = {}
-        for layer in range(cfg.n_layers):
-            for fused, names in fused_layout(cfg, layer).items():
-                codes = np.concatenate([art.tensors[f"{n}.codes"] for n in names])
-                scale = np.concatenate([art.tensors[f"{n}.scale"] for n in names])
-                off = np.concatenate([art.tensors[f"{n}.offset"] for n in names])
-                o, kh = codes.shape
-                self.q4[fused] = (self.put(codes), self.put(scale), self.put(off),
-                                  self.put(wq_of(scale, off, 15)), o, 2 * kh)
+        layout, self.plan = fusion_plan(art)
+        for fused, names in layout.items():
+            if fused == "output":
+                continue
+            codes = np.concatenate([art.tensors[f"{n}.codes"] for n in names])
+            scale = np.concatenate([art.tensors[f"{n}.scale"] for n in names])
+            off = np.concatenate([art.tensors[f"{n}.offset"] for n in names])
+            o, kh = codes.shape
+            self.q4[fused] = (self.put(codes), self.put(scale), self.put(off),
+                              self.put(wq_of(scale, off, 15)), o, 2 * kh)
         ec = art.tensors["tok_embd.codes"]
         es = art.tensors["tok_embd.scale"]
         self.emb_codes = self.put(ec)
@@ -142,7 +155,9 @@ class KernelOps(ABC):
         self.launch("nl_rmsnorm", (t,), (x, self.gains[gain], y, d, self.config.norm_eps_q32))
         return y
 
-    def rope(self, x: Any, pos: Any) -> Any:
+    def rope(self, x: Any, pos: Any, table: str = "") -> Any:
+        if table:
+            raise self._format2("rope table " + table)
         x = self._c(x)
         n, nh, hd = x.shape
         self.check("rope input", self.xp.abs(x).max(), oracle.ROPE_X_LIMIT)
@@ -151,7 +166,9 @@ class KernelOps(ABC):
         self.launch("nl_rope", (n, nh), (x, self.rope_cos, self.rope_sin, p, y, nh, hd))
         return y
 
-    def attention(self, q: Any, k: Any, v: Any, qpos: Any) -> Any:
+    def attention(self, q: Any, k: Any, v: Any, qpos: Any, window: int = 0) -> Any:
+        if window:
+            raise self._format2("sliding-window attention")
         xp = self.xp
         q, k, v = self._c(q), self._c(k), self._c(v)
         n, h, hd = q.shape
@@ -175,6 +192,27 @@ class KernelOps(ABC):
         n = int(g.size)
         self.launch("nl_swiglu", (max(1, min(1024, (n + 255) // 256)),), (g, u, a, n))
         return a
+
+
+    # format 2 operations: the constructor refuses every artifact that needs them --------
+    def _format2(self, op: str) -> UnsupportedArtifact:
+        return UnsupportedArtifact(f"{op}: the CUDA kernels run format 1 artifacts only")
+
+    def layernorm(self, x: Any, gain: str) -> Any:
+        raise self._format2("layernorm")
+
+    def geglu(self, g: Any, u: Any) -> Any:
+        raise self._format2("geglu")
+
+    def scale(self, x: Any, factor_q24: int) -> Any:
+        raise self._format2("scale")
+
+    def route(self, logits: Any, k: int, normalise: bool) -> tuple[Any, Any]:
+        raise self._format2("route")
+
+    def combine(self, n: int, d: int, experts: Any, weights: Any,
+                ys: Sequence[tuple[int, Any, Any]]) -> Any:
+        raise self._format2("combine")
 
 
 def kernel_source() -> str:

@@ -30,18 +30,19 @@ integer too).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _fixed as fx
-from .artifact import Artifact, Config, unpack_nibbles
+from .artifact import Artifact, QWeight
+from .forward import KVCache, Ops, build_matrices, forward
+
+__all__ = ["FixedPointOverflow", "KVCache", "Ops", "OracleOps", "forward", "qmatmul"]
 
 I64 = npt.NDArray[np.int64]
-#: A backend's own representation of one quantized matrix (:func:`fused_matrices`).
-M = TypeVar("M")
 F64 = npt.NDArray[np.float64]
 
 # Largest |x| allowed into a matmul: keeps the accumulation-bound check itself in int64
@@ -68,20 +69,28 @@ QK_LIMIT = (1 << 28) - 1  # q_d * k_d < 2**56; 64 terms < 2**62, score differenc
 V_LIMIT = 1 << 31  # prob * v summed: (2**30 + m) * 2**31 < 2**62
 SWIGLU_LIMIT = 1 << 31  # g * sigmoid < 2**61; silu * u < 2**62
 RESID_LIMIT = 1 << 40
+EXPERT_Y_LIMIT = 1 << 31  # sum_k w_k * y_k with sum_k w_k <= 2**30 + k: < 2**62
 
 
 @dataclasses.dataclass(frozen=True)
 class QMatrix:
-    """A quantized matrix prepared for the oracle: block-major float32 codes plus Q.24 scales."""
+    """A quantized matrix prepared for the oracle: block-major codes plus Q.24 scales."""
 
-    codes: npt.NDArray[np.float32]  # [nb, O, 32] codes as float32 (exact small integers)
+    codes: npt.NDArray[Any]  # [nb, O, group]: float32 (exact small integers), or int8 for
+    #                          matrices over _F32_CODES_LIMIT elements, converted per chunk
     scale: I64  # [nb, O] D in Q.24
-    offset: I64 | None  # [nb, O] M in Q.24 (None for Q8_0)
+    offset: I64 | None  # [nb, O] M in Q.24 (None: no offset)
     wq: I64  # [nb] (W[b] >> 10) + 1, for the exactness check
     out_features: int
     in_features: int
+    group: int
     piece_bits: int  # input split for exact float32 block dots
     n_pieces: int
+
+
+# Matrices with more codes than this keep them as int8 (a 262k-token output head would take
+# 670 MB as float32); each matmul chunk converts its slice, which gives the same bytes.
+_F32_CODES_LIMIT: Final = 1 << 25
 
 
 def exactness_weights(d: I64, m: I64 | None, qmax: int) -> I64:
@@ -96,21 +105,33 @@ def exactness_weights(d: I64, m: I64 | None, qmax: int) -> I64:
     return np.ascontiguousarray((wmax >> 10) + 1, dtype=np.int64)
 
 
-def piece_split(qmax: int) -> tuple[int, int]:
-    """(bits, pieces) of the float32 input split for codes of magnitude ``qmax``."""
-    return (16, 2) if qmax <= 15 else (12, 3)
+def piece_split(qmax: int, group: int = 32) -> tuple[int, int]:
+    """(bits, pieces) of the float32 input split for codes of magnitude ``qmax`` in blocks of
+    ``group``: every partial block dot ``group * qmax * 2**(bits-1)`` stays <= 2**24, so
+    float32 sums it exactly, and ``bits * pieces`` covers the 2**41 input limit. Format 1's
+    two matrices keep their original splits (Q4_1: 16 bits x 2, Q8_0: 12 x 3), which also set
+    the largest input they accept."""
+    if group == 32 and qmax <= 15:
+        return 16, 2
+    if group == 32 and qmax == 128:
+        return 12, 3
+    bits = min(16, ((1 << 24) // (group * qmax)).bit_length())
+    return bits, -(-43 // bits)
 
 
-def _qmatrix(codes: npt.NDArray[Any], scale: npt.NDArray[Any],
-             offset: npt.NDArray[Any] | None, qmax: int) -> QMatrix:
-    o, k = codes.shape
-    nb = k // 32
-    c = np.ascontiguousarray(codes.reshape(o, nb, 32).transpose(1, 0, 2), dtype=np.float32)
-    d = np.ascontiguousarray(scale.astype(np.int64).T)
-    m = None if offset is None else np.ascontiguousarray(offset.astype(np.int64).T)
-    wq = exactness_weights(d, m, qmax)
-    bits, pieces = piece_split(qmax)
-    return QMatrix(codes=c, scale=d, offset=m, wq=wq, out_features=o, in_features=k,
+def qmatrix(w: QWeight) -> QMatrix:
+    """The oracle's layout of one (fused) matrix."""
+    o, k = w.shape
+    g = w.group
+    nb = k // g
+    c = np.ascontiguousarray(w.codes.reshape(o, nb, g).transpose(1, 0, 2))
+    if c.size <= _F32_CODES_LIMIT:
+        c = c.astype(np.float32)
+    d = np.ascontiguousarray(w.scale.astype(np.int64).T)
+    m = None if w.offset is None else np.ascontiguousarray(w.offset.astype(np.int64).T)
+    wq = exactness_weights(d, m, w.qmax)
+    bits, pieces = piece_split(w.qmax, g)
+    return QMatrix(codes=c, scale=d, offset=m, wq=wq, out_features=o, in_features=k, group=g,
                    piece_bits=bits, n_pieces=pieces)
 
 
@@ -129,180 +150,15 @@ def split_pieces(x: I64, bits: int, n: int) -> list[I64]:
     return out
 
 
-def check_matmul_input(x: I64, wq: I64, what: str) -> None:
+def check_matmul_input(x: I64, wq: I64, what: str, group: int = 32) -> None:
     """The integer exactness check of a quantized matmul input (see the module docstring)."""
     if x.size == 0:
         return
     ax = np.abs(x)
     check_bound(what, int(ax.max()), _BLAS_X_LIMIT)
-    a = ax.reshape(x.shape[0], -1, 32).sum(axis=2)  # [T, nb] <= 2**46
+    a = ax.reshape(x.shape[0], -1, group).sum(axis=2)  # [T, nb] <= group * 2**41
     bound = ((a >> 20) + 1) @ wq  # each term < 2**55, sum < 2**63
     check_bound(f"{what} (accumulation bound)", int(bound.max()), _ACC_CHECK_LIMIT)
-
-
-def fuse_q4(art: Artifact, names: Sequence[str]) -> tuple[npt.NDArray[np.uint8], I64, I64]:
-    """Concatenate Q4_1 matrices along the output dimension: (codes [O,K], scale, offset)."""
-    codes = np.concatenate([unpack_nibbles(art.tensors[f"{n}.codes"]) for n in names])
-    scale = np.concatenate([art.tensors[f"{n}.scale"] for n in names]).astype(np.int64)
-    off = np.concatenate([art.tensors[f"{n}.offset"] for n in names]).astype(np.int64)
-    return codes, scale, off
-
-
-def fused_layout(cfg: Config, layer: int) -> dict[str, tuple[str, ...]]:
-    p = f"blk.{layer}"
-    return {
-        f"{p}.qkv": (f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"),
-        f"{p}.attn_output": (f"{p}.attn_output",),
-        f"{p}.gate_up": (f"{p}.ffn_gate", f"{p}.ffn_up"),
-        f"{p}.ffn_down": (f"{p}.ffn_down",),
-    }
-
-
-class Ops(Protocol):
-    """The operations the forward pass needs; arrays are backend arrays (numpy, CuPy)."""
-
-    config: Config
-
-    @property
-    def xp(self) -> Any: ...
-
-    def embed(self, tokens: I64) -> Any: ...
-    def rmsnorm(self, x: Any, gain: str) -> Any: ...
-    def matmul(self, x: Any, mat: str) -> Any: ...
-    def rope(self, x: Any, pos: I64) -> Any: ...
-    def attention(self, q: Any, k: Any, v: Any, qpos: I64) -> Any: ...
-    def swiglu(self, g: Any, u: Any) -> Any: ...
-    def add(self, a: Any, b: Any) -> Any: ...
-    def zeros(self, shape: tuple[int, ...]) -> Any: ...
-
-
-class KVCache:
-    """Per-sequence key/value cache: per layer [capacity, n_kv_heads, head_dim] arrays."""
-
-    def __init__(self, ops: Ops) -> None:
-        self.ops = ops
-        self.length = 0
-        self.k: list[Any] = []
-        self.v: list[Any] = []
-        self.tokens: list[int] = []
-
-    def _ensure(self, n: int) -> None:
-        cfg = self.ops.config
-        cap = self.k[0].shape[0] if self.k else 0
-        if n <= cap:
-            return
-        new_cap = max(n, 2 * cap, 64)
-        shape = (new_cap, cfg.n_kv_heads, cfg.head_dim)
-        for lst in (self.k, self.v):
-            for i in range(cfg.n_layers):
-                buf = self.ops.zeros(shape)
-                if i < len(lst):
-                    buf[:cap] = lst[i][:cap]
-                    lst[i] = buf
-                else:
-                    lst.append(buf)
-
-    def clone(self) -> KVCache:
-        c = KVCache(self.ops)
-        c.length = self.length
-        c.k = [a.copy() for a in self.k]
-        c.v = [a.copy() for a in self.v]
-        c.tokens = list(self.tokens)
-        return c
-
-
-def forward(ops: Ops, batch: Sequence[tuple[KVCache, Sequence[int]]], *,
-            all_logits: bool = False, logits_from: int = 0) -> list[Any]:
-    """Append each sequence's new tokens to its cache; return logits ([rows, V] Q.16).
-
-    Rows of all sequences go through the matmuls together (batching cannot change a row's
-    bytes: every op is row-local except attention, which reads only its own sequence).
-    ``all_logits`` returns a row per new token from the ``logits_from``-th new token of each
-    sequence on (the output head runs on those rows only), otherwise only the last row per
-    sequence.
-    """
-    cfg = ops.config
-    xp = ops.xp
-    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    kvd = kv * hd
-    toks: list[int] = []
-    pos: list[int] = []
-    spans: list[tuple[int, int, int]] = []  # (row start, row end, cache length before)
-    if all_logits and any(not 0 <= logits_from < len(new) for _, new in batch):
-        raise ValueError("logits_from must be below every sequence's number of new tokens")
-    for cache, new in batch:
-        if len(new) == 0:
-            raise ValueError("each sequence in a forward batch needs at least one new token")
-        if cache.length + len(new) > cfg.ctx_len:
-            raise ValueError(f"context length {cfg.ctx_len} exceeded")
-        start = len(toks)
-        toks.extend(int(t) for t in new)
-        pos.extend(range(cache.length, cache.length + len(new)))
-        spans.append((start, len(toks), cache.length))
-        cache._ensure(cache.length + len(new))
-    tok_arr = np.asarray(toks, dtype=np.int64)
-    if tok_arr.min() < 0 or tok_arr.max() >= cfg.vocab_size:
-        raise ValueError("token id out of range")
-    pos_arr = np.asarray(pos, dtype=np.int64)
-    n = len(toks)
-
-    x = ops.embed(tok_arr)  # [n, d]
-    for layer in range(cfg.n_layers):
-        p = f"blk.{layer}"
-        hn = ops.rmsnorm(x, f"{p}.attn_norm")  # [n, d]
-        qkv = ops.matmul(hn, f"{p}.qkv")  # [n, d + 2 kvd]
-        q = ops.rope(qkv[:, :d].reshape(n, h, hd), pos_arr)  # [n, h, hd]
-        k = ops.rope(qkv[:, d:d + kvd].reshape(n, kv, hd), pos_arr)  # [n, kv, hd]
-        v = qkv[:, d + kvd:].reshape(n, kv, hd)
-        outs = []
-        for (cache, _), (r0, r1, before) in zip(batch, spans, strict=True):
-            after = before + (r1 - r0)
-            cache.k[layer][before:after] = k[r0:r1]
-            cache.v[layer][before:after] = v[r0:r1]
-            outs.append(ops.attention(q[r0:r1], cache.k[layer][:after], cache.v[layer][:after],
-                                      pos_arr[r0:r1]))
-        att = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)  # [n, d]
-        x = ops.add(x, ops.matmul(att, f"{p}.attn_output"))
-        hn = ops.rmsnorm(x, f"{p}.ffn_norm")
-        gu = ops.matmul(hn, f"{p}.gate_up")  # [n, 2 d_ff]
-        a = ops.swiglu(gu[:, :cfg.d_ff], gu[:, cfg.d_ff:])
-        x = ops.add(x, ops.matmul(a, f"{p}.ffn_down"))
-    for (cache, new), (_, _, before) in zip(batch, spans, strict=True):
-        cache.length = before + len(new)
-        cache.tokens.extend(int(t) for t in new)
-    if all_logits and logits_from > 0:
-        idx = np.concatenate([np.arange(r0 + logits_from, r1, dtype=np.int64)
-                              for (r0, r1, _) in spans])
-        rows = x[xp.asarray(idx)]
-        spans = [(r0 - i * logits_from, r1 - (i + 1) * logits_from, before)
-                 for i, (r0, r1, before) in enumerate(spans)]
-    elif all_logits:
-        rows = x
-    else:
-        idx = np.asarray([r1 - 1 for (_, r1, _) in spans], dtype=np.int64)
-        rows = x[xp.asarray(idx)]
-    logits = ops.matmul(ops.rmsnorm(rows, "output_norm"), "output")
-    finish = getattr(ops, "finish", None)
-    if finish is not None:
-        finish()  # backends that defer their bound checks raise here
-    if all_logits:
-        return [logits[r0:r1] for (r0, r1, _) in spans]
-    return [logits[i:i + 1] for i in range(len(spans))]
-
-
-def fused_matrices(art: Artifact,
-                   make: Callable[[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any] | None,
-                                   int], M]) -> dict[str, M]:
-    """Every matrix of the forward in the fused layout (:func:`fused_layout`, :func:`fuse_q4`;
-    ``output`` the tied Q8_0 embedding), each built by ``make(codes, scales, offsets, qmax)``
-    into a backend's own representation."""
-    mats: dict[str, M] = {}
-    for layer in range(art.config.n_layers):
-        for fused, names in fused_layout(art.config, layer).items():
-            c, s, o = fuse_q4(art, names)
-            mats[fused] = make(c, s, o, 15)
-    mats["output"] = make(art.tensors["tok_embd.codes"], art.tensors["tok_embd.scale"], None, 128)
-    return mats
 
 
 class OracleOps:
@@ -312,21 +168,25 @@ class OracleOps:
 
     def __init__(self, art: Artifact) -> None:
         self._load_common(art)
-        self.mats: dict[str, QMatrix] = fused_matrices(art, _qmatrix)
+        self.mats: dict[str, QMatrix]
+        self.mats, self.plan = build_matrices(art, qmatrix)
 
     def _load_common(self, art: Artifact) -> None:
         """What every int64 backend on the CPU keeps as the oracle does: the config, the
-        embedding's codes and scales, the norm gains and the RoPE tables (the matrices are each
-        backend's own layout: :func:`fused_matrices`)."""
+        embedding (quantized, rows decoded on use), the norm gains and the RoPE tables (the
+        matrices are each backend's own layout: :func:`~fx_integer.forward.build_matrices`)."""
         self.config = art.config
         self.model_hash = art.model_hash
         self.art = art
-        self.emb_codes = art.tensors["tok_embd.codes"]
-        self.emb_scale = art.tensors["tok_embd.scale"].astype(np.int64)
+        self.emb = art.weight("tok_embd")
         self.gains = {k: v.astype(np.int64) for k, v in art.tensors.items()
                       if k.endswith("norm")}
-        self.rope_cos = art.tensors["rope.cos"].astype(np.int64)
-        self.rope_sin = art.tensors["rope.sin"].astype(np.int64)
+        self.rope_tables = {"": (art.tensors["rope.cos"].astype(np.int64),
+                                 art.tensors["rope.sin"].astype(np.int64))}
+        if "rope_swa.cos" in art.tensors:
+            self.rope_tables["swa"] = (art.tensors["rope_swa.cos"].astype(np.int64),
+                                       art.tensors["rope_swa.sin"].astype(np.int64))
+        self.rope_cos, self.rope_sin = self.rope_tables[""]
 
     # -- ops --------------------------------------------------------------------------
     def zeros(self, shape: tuple[int, ...]) -> I64:
@@ -338,11 +198,7 @@ class OracleOps:
         return out
 
     def embed(self, tokens: I64) -> I64:
-        """Q8_0 row -> Q.16: round_half_up(q * D, 8)."""
-        d = self.config.d_model
-        c = self.emb_codes[tokens].astype(np.int64).reshape(len(tokens), d // 32, 32)
-        s = self.emb_scale[tokens][:, :, None]
-        return fx.rshift_round(c * s, fx.SCALE_FRAC - fx.ACT_FRAC).reshape(len(tokens), d)
+        return embed_rows(self.emb, tokens)
 
     def matmul(self, x: I64, mat: str) -> I64:
         w = self.mats[mat]
@@ -351,35 +207,70 @@ class OracleOps:
     def rmsnorm(self, x: I64, gain: str) -> I64:
         return rmsnorm(x, self.gains[gain], self.config.norm_eps_q32)
 
-    def rope(self, x: I64, pos: I64) -> I64:
-        return rope(x, self.rope_cos[pos], self.rope_sin[pos])
+    def layernorm(self, x: I64, gain: str) -> I64:
+        return rmsnorm(center(x), self.gains[gain], self.config.norm_eps_q32)
 
-    def attention(self, q: I64, k: I64, v: I64, qpos: I64) -> I64:
-        return attention(q, k, v, qpos, self.config.attn_scale_q30)
+    def rope(self, x: I64, pos: I64, table: str = "") -> I64:
+        cos, sin = self.rope_tables[table]
+        return rope(x, cos[pos], sin[pos], self.config.rope_layout)
+
+    def attention(self, q: I64, k: I64, v: I64, qpos: I64, window: int = 0) -> I64:
+        return attention(q, k, v, qpos, self.config.attn_scale_q30, window)
 
     def swiglu(self, g: I64, u: I64) -> I64:
         return swiglu(g, u)
+
+    def geglu(self, g: I64, u: I64) -> I64:
+        return geglu(g, u)
+
+    def scale(self, x: I64, factor_q24: int) -> I64:
+        return scale_q24(x, factor_q24)
+
+    def route(self, logits: I64, k: int, normalise: bool) -> tuple[I64, I64]:
+        return route(logits, k, normalise)
+
+    def combine(self, n: int, d: int, experts: I64, weights: I64,
+                ys: Sequence[tuple[int, I64, I64]]) -> I64:
+        return combine(n, d, experts, weights, ys)
 
 
 # ------------------------------------------------------------------------------ the ops
 
 
+def embed_rows(w: QWeight, tokens: I64) -> I64:
+    """Quantized rows -> Q.16: round_half_up(q * D + M, 8); only the rows asked for are
+    decoded (the embedding stays quantized in memory)."""
+    n, (_, k) = len(tokens), w.shape
+    g = w.group
+    c = w.codes[tokens].astype(np.int64).reshape(n, k // g, g)
+    v = c * w.scale[tokens].astype(np.int64)[:, :, None]
+    if w.offset is not None:
+        v = v + w.offset[tokens].astype(np.int64)[:, :, None]
+    return fx.rshift_round(v, fx.SCALE_FRAC - fx.ACT_FRAC).reshape(n, k)
+
+
 def qmatmul(x: I64, w: QMatrix, what: str = "matmul") -> I64:
     """[T, K] Q.16 x quantized [O, K] -> [T, O] Q.16 (exact sums, one rounding)."""
     t, k = x.shape
-    nb = k // 32
+    g = w.group
+    nb = k // g
     o = w.out_features
-    check_matmul_input(x, w.wq, what)
-    xb = x.reshape(t, nb, 32)
+    check_matmul_input(x, w.wq, what, g)
+    xb = x.reshape(t, nb, g)
     s = xb.sum(axis=2)  # [T, nb] int64
     pieces = split_pieces(x, w.piece_bits, w.n_pieces)
-    xf = np.concatenate([pc.reshape(t, nb, 32).transpose(1, 2, 0) for pc in pieces], axis=2)
-    xf = np.ascontiguousarray(xf, dtype=np.float32)  # [nb, 32, n_pieces * T], exact
+    xf = np.concatenate([pc.reshape(t, nb, g).transpose(1, 2, 0) for pc in pieces], axis=2)
+    xf = np.ascontiguousarray(xf, dtype=np.float32)  # [nb, g, n_pieces * T], exact
     out = np.empty((o, t), dtype=np.int64)
     step = max(1, _CHUNK_ELEMS // max(1, nb * t * w.n_pieces))
+    if w.codes.dtype != np.float32:
+        step = max(1, min(step, _CHUNK_ELEMS // (nb * g)))
     for o0 in range(0, o, step):
         o1 = min(o, o0 + step)
-        pf = np.matmul(w.codes[:, o0:o1], xf).astype(np.int64)  # [nb, Oc, n*T] exact
+        cw = w.codes[:, o0:o1]
+        if cw.dtype != np.float32:
+            cw = cw.astype(np.float32)
+        pf = np.matmul(cw, xf).astype(np.int64)  # [nb, Oc, n*T] exact
         p = pf[:, :, 0:t]
         for j in range(1, w.n_pieces):
             p = p + (pf[:, :, j * t:(j + 1) * t] << np.int64(w.piece_bits * j))
@@ -388,6 +279,15 @@ def qmatmul(x: I64, w: QMatrix, what: str = "matmul") -> I64:
             acc += w.offset[:, o0:o1].T @ s.T
         out[o0:o1] = acc
     return fx.rshift_round(np.ascontiguousarray(out.T), fx.SCALE_FRAC)
+
+
+def center(x: I64) -> I64:
+    """x minus its row mean rounded half up (LayerNorm's centring, exact integers)."""
+    d = x.shape[-1]
+    tot = x.sum(axis=-1, keepdims=True)  # |sum| <= d * 2**41 < 2**52
+    mean: I64 = (2 * tot + d) // (2 * d)  # floor(tot / d + 1/2)
+    out: I64 = x - mean
+    return out
 
 
 def rmsnorm(x: I64, gain: I64, eps_q32: int) -> I64:
@@ -408,35 +308,50 @@ def rmsnorm(x: I64, gain: I64, eps_q32: int) -> I64:
     return fx.rshift_round(nrm * gain, fx.NORM_FRAC + fx.GAIN_FRAC - fx.ACT_FRAC)
 
 
-def rope(x: I64, cos: I64, sin: I64) -> I64:
-    """Interleaved pairs (2i, 2i+1) rotated by Q.30 tables; x [n, heads, hd], cos/sin [n, hd/2]."""
+def rope(x: I64, cos: I64, sin: I64, layout: str = "interleaved") -> I64:
+    """Pairs rotated by Q.30 tables; x [n, heads, hd], cos/sin [n, hd/2]. ``interleaved``:
+    pairs (2i, 2i+1) (llama's GGUF layout); ``neox``: pairs (i, i + hd/2)."""
     check_bound("rope input", int(np.abs(x).max()) if x.size else 0, ROPE_X_LIMIT)
-    x0 = x[..., 0::2]
-    x1 = x[..., 1::2]
+    half = x.shape[-1] // 2
+    i0, i1 = ((slice(0, None, 2), slice(1, None, 2)) if layout == "interleaved"
+              else (slice(0, half), slice(half, None)))
+    x0 = x[..., i0]
+    x1 = x[..., i1]
     c = cos[:, None, :]
     s = sin[:, None, :]
     out = np.empty_like(x)
-    out[..., 0::2] = fx.rshift_round(x0 * c - x1 * s, 30)
-    out[..., 1::2] = fx.rshift_round(x0 * s + x1 * c, 30)
+    out[..., i0] = fx.rshift_round(x0 * c - x1 * s, 30)
+    out[..., i1] = fx.rshift_round(x0 * s + x1 * c, 30)
     return out
 
 
-def attention(q: I64, k: I64, v: I64, qpos: I64, scale_q30: int) -> I64:
+def qk_limit(head_dim: int) -> int:
+    """Largest |q|, |k| (Q.16) for which a score's exact sum stays below 2**62: head_dim terms
+    of q_d * k_d < 2**(62 - ceil(log2 head_dim)). head_dim 64: QK_LIMIT (2**28 - 1)."""
+    return (1 << ((62 - (head_dim - 1).bit_length()) // 2)) - 1
+
+
+def attention(q: I64, k: I64, v: I64, qpos: I64, scale_q30: int, window: int = 0) -> I64:
     """Causal GQA attention of new rows q [n, H, hd] over cache rows k, v [m, KV, hd].
 
-    A row at position p sees cache rows 0..p. Scores are exact (Q.32); softmax in base 2 with
-    the integer exp2; probabilities Q.30 (round half up); output Q.16.
+    A row at position p sees cache rows 0..p, and with a sliding ``window`` only the rows j
+    with p - window < j <= p. Scores are exact (Q.32); softmax in base 2 with the integer
+    exp2; probabilities Q.30 (round half up); output Q.16.
     """
     n, h, hd = q.shape
     m, kvh, _ = k.shape
     g = h // kvh
-    check_bound("attention q", int(np.abs(q).max()), QK_LIMIT)
-    check_bound("attention k", int(np.abs(k).max()), QK_LIMIT)
+    lim = qk_limit(hd)
+    check_bound("attention q", int(np.abs(q).max()), lim)
+    check_bound("attention k", int(np.abs(k).max()), lim)
     check_bound("attention v", int(np.abs(v).max()), V_LIMIT)
     qg = q.reshape(n, kvh, g, hd).transpose(1, 2, 0, 3)  # [KV, g, n, hd]
     kt = k.transpose(1, 2, 0)[:, None]  # [KV, 1, hd, m]
     raw = np.matmul(qg, kt)  # [KV, g, n, m] Q.32, exact int64
-    allowed = np.arange(m, dtype=np.int64)[None, :] <= qpos[:, None]  # [n, m]
+    j = np.arange(m, dtype=np.int64)[None, :]
+    allowed = j <= qpos[:, None]  # [n, m]
+    if window:
+        allowed &= j > qpos[:, None] - window
     mx = np.where(allowed, raw, np.int64(-(1 << 62))).max(axis=-1, keepdims=True)
     z = fx.rshift_round(np.where(allowed, raw - mx, 0), 16)
     z = np.maximum(z, np.int64(fx.EXP2_ARG_MIN))  # Q.16 of (raw - max) * 2**-32
@@ -454,3 +369,47 @@ def swiglu(g: I64, u: I64) -> I64:
     check_bound("ffn gate", int(np.abs(g).max()), SWIGLU_LIMIT)
     check_bound("ffn up", int(np.abs(u).max()), SWIGLU_LIMIT)
     return fx.rshift_round(fx.silu_q16(g) * u, 16)
+
+
+def geglu(g: I64, u: I64) -> I64:
+    """gelu_tanh(g) * u in Q.16 (:func:`~fx_integer._fixed.gelu_tanh_q16`)."""
+    check_bound("ffn gate", int(np.abs(g).max()), SWIGLU_LIMIT)
+    check_bound("ffn up", int(np.abs(u).max()), SWIGLU_LIMIT)
+    return fx.rshift_round(fx.gelu_tanh_q16(g) * u, 16)
+
+
+def scale_q24(x: I64, factor_q24: int) -> I64:
+    """round_half_up(x * factor / 2**24): the embedding scale, the logit scale."""
+    check_bound("scaled value", int(np.abs(x).max()) if x.size else 0,
+                (1 << 62) // max(1, abs(factor_q24)))
+    return fx.rshift_round(x * np.int64(factor_q24), 24)
+
+
+def route(logits: I64, k: int, normalise: bool) -> tuple[I64, I64]:
+    """The router: softmax over every expert (Q.30, the integer exp2), the k most probable
+    (ties: the lower expert index first), their weights renormalised to sum to 2**30 when
+    ``normalise``. Returns (experts [n, k], weights [n, k] Q.30)."""
+    mx = logits.max(axis=1, keepdims=True)
+    z = np.maximum(logits - mx, np.int64(fx.EXP2_ARG_MIN))  # Q.16, <= 0, clamped like exp2
+    t = fx.rshift_round(z * np.int64(fx.LOG2E_Q30), 30)  # log2 domain, Q.16
+    pw = fx.exp2_neg_q30(t)
+    prob = fx.div_round(pw << np.int64(30), pw.sum(axis=1, keepdims=True))  # Q.30
+    order = np.argsort(-prob, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(prob, order, axis=1)
+    if normalise:
+        w = fx.div_round(w << np.int64(30), w.sum(axis=1, keepdims=True))
+    return order.astype(np.int64), w.astype(np.int64)
+
+
+def combine(n: int, d: int, experts: I64, weights: I64,
+            ys: Sequence[tuple[int, I64, I64]]) -> I64:
+    """sum_k weight_k * y_k over each row's experts, one rounding from Q.46 to Q.16.
+
+    ``ys``: (expert, the rows that chose it, their outputs). |y| <= 2**31 and the weights sum
+    to at most 2**30 + k, so the exact sum stays below 2**62 in any order."""
+    acc = np.zeros((n, d), dtype=np.int64)
+    for e, rows, y in ys:
+        check_bound("expert output", int(np.abs(y).max()), EXPERT_Y_LIMIT)
+        w = (weights[rows] * (experts[rows] == e)).sum(axis=1)  # the row's weight for e
+        acc[rows] += w[:, None] * y
+    return fx.rshift_round(acc, 30)

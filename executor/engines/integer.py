@@ -488,7 +488,7 @@ def import_artifact(store_root: str | os.PathLike[str], artifact_path: str | os.
         "params": manifest_params(),
         "config": {
             "model_hash": art.model_hash,
-            "artifact_format_version": artifact.FORMAT_VERSION,
+            "artifact_format_version": art.format_version,
             "kind": int_engine.KIND,
             "engine_version": int_engine.ENGINE_VERSION,
             "n_layers": cfg.n_layers,

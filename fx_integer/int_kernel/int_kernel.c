@@ -34,15 +34,18 @@ static inline int top_piece_ok(int64_t x, int bits, int n) {
     return iabs64(rest) <= half;
 }
 
-/* Quantized matmul: x [T, K] Q.16 int64, codes [O, K] int8 (Q4_1: 0..15, Q8_0: -128..127),
- * scale/offset [O, nb] Q.24 (offset NULL for Q8_0), wq [nb] the exactness-check weights,
+/* Quantized matmul: x [T, K] Q.16 int64, codes [O, K] int8 (Q4_1: 0..15, Q8_0: -128..127,
+ * every other format's signed codes), blocks of G weights (16, 32, ... 256), scale/offset
+ * [O, nb = K / G] Q.24 (offset NULL where the format has none), wq [nb] the exactness-check
+ * weights,
  * oracle_bits/oracle_pieces the numpy oracle's float32 split (for its range check only).
  * out [T, O] Q.16 = round_half_up(sum_b D*P + M*S, 24). Returns 0, or 1 where the numpy
  * oracle raises. */
 int nl_qmatmul(const int64_t *x, int T, int K, const int8_t *codes, int O,
                const int64_t *scale, const int64_t *offset, const int64_t *wq,
-               int oracle_bits, int oracle_pieces, int64_t *out, int nthreads) {
-    const int nb = K / 32;
+               int oracle_bits, int oracle_pieces, int64_t *out, int nthreads, int G) {
+    if (G <= 0 || G > 256 || K % G != 0) return 1;
+    const int nb = K / G;
     if (T <= 0) return 0;
     /* 1. the oracle's checks, and the input split into centred 16-bit pieces (int16) */
     int npieces = 1;
@@ -55,8 +58,8 @@ int nl_qmatmul(const int64_t *x, int T, int K, const int8_t *codes, int O,
         int64_t bound = 0;
         for (int b = 0; b < nb; b++) {
             int64_t a = 0, s = 0;
-            for (int j = 0; j < 32; j++) {
-                int64_t v = xr[b * 32 + j];
+            for (int j = 0; j < G; j++) {
+                int64_t v = xr[b * G + j];
                 int64_t av = iabs64(v);
                 if (av > X_LIMIT) { bad = 1; break; }
                 a += av;
@@ -79,7 +82,7 @@ int nl_qmatmul(const int64_t *x, int T, int K, const int8_t *codes, int O,
         }
     }
     if (bad) { free(S); free(pc); return 1; }
-    /* 2. exact block dot products (int32: |q * piece| <= 2**22, 32 terms < 2**27) */
+    /* 2. exact block dot products (int32: |q * piece| <= 2**22, G <= 256 terms < 2**30) */
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int o = 0; o < O; o++) {
         const int8_t *c = codes + (size_t)o * K;
@@ -89,13 +92,13 @@ int nl_qmatmul(const int64_t *x, int T, int K, const int8_t *codes, int O,
             const int t1 = t0 + TB < T ? t0 + TB : T;
             int64_t acc[TB] = {0};
             for (int b = 0; b < nb; b++) {
-                const int8_t *cb = c + b * 32;
+                const int8_t *cb = c + b * G;
                 for (int t = t0; t < t1; t++) {
                     int64_t p = 0;
                     for (int j = npieces - 1; j >= 0; j--) {
-                        const int16_t *xp = pc + ((size_t)t * 3 + j) * K + b * 32;
+                        const int16_t *xp = pc + ((size_t)t * 3 + j) * K + b * G;
                         int32_t s = 0;
-                        for (int i = 0; i < 32; i++) s += (int32_t)cb[i] * (int32_t)xp[i];
+                        for (int i = 0; i < G; i++) s += (int32_t)cb[i] * (int32_t)xp[i];
                         p = p * 65536 + s;
                     }
                     int64_t v = d[b] * p;
@@ -226,7 +229,6 @@ int nl_swiglu(const int64_t *g, const int64_t *u, int T, int N, long long stride
 
 /* -------------------------------------------------------------- attention (oracle.attention) */
 
-#define QK_LIMIT ((1LL << 28) - 1)
 #define V_LIMIT (1LL << 31)
 
 /* Causal GQA attention of new rows q [n, H, hd] over cache rows k, v [m, KV, hd] (all
@@ -236,24 +238,25 @@ int nl_swiglu(const int64_t *g, const int64_t *u, int T, int N, long long stride
  * handled here. */
 int nl_attention(const int64_t *q, const int64_t *k, const int64_t *v, const int64_t *qpos,
                  int n, int H, int KV, int hd, int m, int64_t scale_q30, int64_t *out,
-                 int64_t *work) {
-    if (KV <= 0 || H % KV != 0 || m <= 0) return 1;
+                 int64_t *work, int64_t qk_limit, int64_t window) {
+    if (KV <= 0 || H % KV != 0 || m <= 0 || window < 0) return 1;
     const int g = H / KV;
     for (size_t i = 0; i < (size_t)n * H * hd; i++)
-        if (q[i] < -QK_LIMIT || q[i] > QK_LIMIT) return 1;
+        if (q[i] < -qk_limit || q[i] > qk_limit) return 1;
     for (size_t i = 0; i < (size_t)m * KV * hd; i++) {
-        if (k[i] < -QK_LIMIT || k[i] > QK_LIMIT) return 1;
+        if (k[i] < -qk_limit || k[i] > qk_limit) return 1;
         if (v[i] < -V_LIMIT || v[i] > V_LIMIT) return 1;
     }
     for (int i = 0; i < n; i++)
         if (qpos[i] < 0) return 1;
     for (int i = 0; i < n; i++) {
-        const int64_t last = qpos[i] < m - 1 ? qpos[i] : m - 1; /* allowed: j <= last */
+        const int64_t last = qpos[i] < m - 1 ? qpos[i] : m - 1; /* allowed: first <= j <= last */
+        const int64_t first = window > 0 && qpos[i] - window + 1 > 0 ? qpos[i] - window + 1 : 0;
         for (int h = 0; h < H; h++) {
             const int kh = h / g;
             const int64_t *qr = q + ((size_t)i * H + h) * hd;
             int64_t mx = INT64_MIN;
-            for (int64_t j = 0; j <= last; j++) {
+            for (int64_t j = first; j <= last; j++) {
                 const int64_t *kr = k + ((size_t)j * KV + kh) * hd;
                 int64_t raw = 0;
                 for (int d = 0; d < hd; d++) raw += qr[d] * kr[d];
@@ -261,7 +264,7 @@ int nl_attention(const int64_t *q, const int64_t *k, const int64_t *v, const int
                 if (raw > mx) mx = raw;
             }
             int64_t tot = 0;
-            for (int64_t j = 0; j <= last; j++) {
+            for (int64_t j = first; j <= last; j++) {
                 int64_t z = rshift_round(work[j] - mx, 16);
                 if (z < EXP2_ARG_MIN) z = EXP2_ARG_MIN;
                 int64_t t = rshift_round(z * scale_q30, 30);
@@ -270,7 +273,7 @@ int nl_attention(const int64_t *q, const int64_t *k, const int64_t *v, const int
             }
             int64_t *orow = out + (size_t)i * H * hd + (size_t)h * hd;
             for (int d = 0; d < hd; d++) orow[d] = 0;
-            for (int64_t j = 0; j <= last; j++) {
+            for (int64_t j = first; j <= last; j++) {
                 const int64_t prob = ((work[j] << 30) + (tot >> 1)) / tot;
                 const int64_t *vr = v + ((size_t)j * KV + kh) * hd;
                 for (int d = 0; d < hd; d++) orow[d] += prob * vr[d];

@@ -219,6 +219,7 @@ class RecordingOps:
         self._ops = ops
         self.config = ops.config
         self.xp = ops.xp
+        self.plan = ops.plan
         self.log: list[dict[str, Any]] = []
         self.on = True
 
