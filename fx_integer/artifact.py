@@ -100,8 +100,9 @@ class Config:
     n_experts: int = 0  # 0: dense FFN; else a mixture of experts with a router (ffn_gate_inp)
     n_experts_used: int = 0  # experts per token (top-k)
     d_ff_expert: int = 0  # each expert's hidden width
-    moe_gating: str = ""  # "softmax": softmax over all experts, then top-k
+    moe_gating: str = ""  # "softmax" over all experts, or "sigmoid" per expert; then top-k
     moe_norm_topk: int = 0  # 1: the top-k weights are renormalised to sum to one
+    n_dense_lead: int = 0  # with experts: the first n_dense_lead layers have a dense FFN
     logit_scale_q24: int = 0  # 0: none; else logits multiplied by this / 2**24
 
     def to_json(self) -> dict[str, Any]:
@@ -158,9 +159,10 @@ class Config:
         if "s" in self.layer_kinds and self.window <= 0:
             problems.append("sliding-window layers without a window")
         if self.n_experts and not (0 < self.n_experts_used <= self.n_experts
-                                   and self.d_ff_expert > 0 and self.moe_gating == "softmax"):
+                                   and self.d_ff_expert > 0
+                                   and self.moe_gating in ("softmax", "sigmoid")):
             problems.append("mixture of experts needs n_experts_used, d_ff_expert, "
-                            "moe_gating 'softmax'")
+                            "moe_gating 'softmax' or 'sigmoid'")
         if self.d_model >= 2048 or self.head_dim >= 2048:
             problems.append(f"d_model {self.d_model} / head_dim {self.head_dim}: RMSNorm's "
                             "exact sum of squares is proven for widths below 2048 only")

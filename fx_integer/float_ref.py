@@ -129,10 +129,13 @@ class FloatOps:
     def scale(self, x: F32, factor_q24: int) -> F32:
         return np.asarray(x * np.float32(factor_q24 / 2.0**24), dtype=np.float32)
 
-    def route(self, logits: F32, k: int, normalise: bool
+    def route(self, logits: F32, k: int, gating: str, normalise: bool
               ) -> tuple[npt.NDArray[np.int64], F32]:
-        z = np.exp(logits - logits.max(axis=1, keepdims=True))
-        prob = z / z.sum(axis=1, keepdims=True)
+        if gating == "sigmoid":
+            prob = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            z = np.exp(logits - logits.max(axis=1, keepdims=True))
+            prob = z / z.sum(axis=1, keepdims=True)
         order = np.argsort(-prob, axis=1, kind="stable")[:, :k]
         w = np.take_along_axis(prob, order, axis=1)
         if normalise:

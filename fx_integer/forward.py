@@ -45,7 +45,7 @@ class Ops(Protocol):
     def swiglu(self, g: Any, u: Any) -> Any: ...
     def geglu(self, g: Any, u: Any) -> Any: ...
     def scale(self, x: Any, factor_q24: int) -> Any: ...
-    def route(self, logits: Any, k: int, normalise: bool) -> tuple[I64, Any]: ...
+    def route(self, logits: Any, k: int, gating: str, normalise: bool) -> tuple[I64, Any]: ...
     def combine(self, n: int, d: int, experts: I64, weights: Any,
                 ys: Sequence[tuple[int, I64, Any]]) -> Any: ...
     def add(self, a: Any, b: Any) -> Any: ...
@@ -97,7 +97,7 @@ def layer_groups(cfg: Config, layer: int) -> dict[str, tuple[str, ...]]:
         f"{p}.qkv": (f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"),
         f"{p}.attn_output": (f"{p}.attn_output",),
     }
-    if cfg.n_experts:
+    if is_moe(cfg, layer):
         out[f"{p}.router"] = (f"{p}.ffn_gate_inp",)
         for e in range(cfg.n_experts):
             out[f"{p}.gate_up.{e}"] = (f"{p}.ffn_gate_exps.{e}", f"{p}.ffn_up_exps.{e}")
@@ -106,6 +106,11 @@ def layer_groups(cfg: Config, layer: int) -> dict[str, tuple[str, ...]]:
         out[f"{p}.gate_up"] = (f"{p}.ffn_gate", f"{p}.ffn_up")
         out[f"{p}.ffn_down"] = (f"{p}.ffn_down",)
     return out
+
+
+def is_moe(cfg: Config, layer: int) -> bool:
+    """Whether the layer's FFN is the mixture of experts (else the dense gated FFN)."""
+    return bool(cfg.n_experts) and layer >= cfg.n_dense_lead
 
 
 def all_groups(art: Artifact) -> dict[str, tuple[str, ...]]:
@@ -291,7 +296,7 @@ def _act(ops: Ops, cfg: Config, g: Any, u: Any) -> Any:
 
 def _ffn(ops: Ops, cfg: Config, hn: Any, layer: int) -> Any:
     p = f"blk.{layer}"
-    if not cfg.n_experts:
+    if not is_moe(cfg, layer):
         gu = linear(ops, hn, f"{p}.gate_up")  # [n, 2 d_ff]
         return linear(ops, _act(ops, cfg, gu[:, :cfg.d_ff], gu[:, cfg.d_ff:]), f"{p}.ffn_down")
     return _moe(ops, cfg, hn, layer)
@@ -307,7 +312,7 @@ def _moe(ops: Ops, cfg: Config, hn: Any, layer: int) -> Any:
     xp = ops.xp
     f = cfg.d_ff_expert
     logits = linear(ops, hn, f"{p}.router")  # [n, E] Q.16
-    experts, weights = ops.route(logits, cfg.n_experts_used,
+    experts, weights = ops.route(logits, cfg.n_experts_used, cfg.moe_gating,
                                  bool(cfg.moe_norm_topk))  # [n, k] int64, [n, k] Q.30
     ys = []
     for e in range(cfg.n_experts):

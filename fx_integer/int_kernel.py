@@ -13,8 +13,9 @@ oracle's own.
 
 Naming, for honest receipts: ``oracle`` is the numpy oracle and nothing else; an engine built
 with ``backend="oracle-native"`` writes ``oracle-native`` into its receipts. The verifier
-re-executes with ``oracle-native`` when it builds (:func:`verifier_backend`) and with the numpy
-oracle when ``FX_INTEGER_ORACLE=numpy`` is set or no compiler is found.
+re-executes with the numpy oracle by default (:func:`verifier_backend`); ``--native`` (or
+``FX_INTEGER_ORACLE=native``) uses this machine's build of this file only after the parity
+gate's canaries passed on it for the receipt's model, and says which ran.
 
 Threads: ``FX_INT_KERNEL_THREADS`` (default: ``OMP_NUM_THREADS``, else the CPU count).
 """
@@ -54,7 +55,7 @@ I64 = npt.NDArray[np.int64]
 BACKEND: Final = "oracle-native"
 SOURCE: Final = Path(__file__).resolve().parent / "int_kernel" / "int_kernel.c"
 CXX_FLAGS: Final = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-#: ``FX_INTEGER_ORACLE=numpy`` forces the numpy oracle wherever the compiled path would be chosen.
+#: ``FX_INTEGER_ORACLE=native`` lets the verifier re-execute on the compiled path (gated).
 FORCE_ENV: Final = "FX_INTEGER_ORACLE"
 
 _lib: ctypes.CDLL | None = None
@@ -136,11 +137,13 @@ def available() -> bool:
 
 
 def verifier_backend() -> str:
-    """The backend re-execution uses: ``oracle-native`` when it builds, unless
-    ``FX_INTEGER_ORACLE=numpy``; else ``oracle`` (the numpy oracle)."""
-    if os.environ.get(FORCE_ENV, "").strip().lower() == "numpy":
-        return "oracle"
-    return BACKEND if available() else "oracle"
+    """The backend re-execution uses by default: the numpy oracle (``oracle``), the canonical
+    reference, always. ``FX_INTEGER_ORACLE=native`` asks for ``oracle-native`` instead; the
+    verifier then trusts this machine's build only after it reproduced the parity canaries
+    byte for byte on the receipt's model (:func:`fx_integer.verifier.gated_native`)."""
+    if os.environ.get(FORCE_ENV, "").strip().lower() == "native" and available():
+        return BACKEND
+    return "oracle"
 
 
 def default_threads() -> int:

@@ -207,7 +207,7 @@ class KernelOps(ABC):
     def scale(self, x: Any, factor_q24: int) -> Any:
         raise self._format2("scale")
 
-    def route(self, logits: Any, k: int, normalise: bool) -> tuple[Any, Any]:
+    def route(self, logits: Any, k: int, gating: str, normalise: bool) -> tuple[Any, Any]:
         raise self._format2("route")
 
     def combine(self, n: int, d: int, experts: Any, weights: Any,

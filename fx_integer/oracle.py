@@ -69,7 +69,6 @@ QK_LIMIT = (1 << 28) - 1  # q_d * k_d < 2**56; 64 terms < 2**62, score differenc
 V_LIMIT = 1 << 31  # prob * v summed: (2**30 + m) * 2**31 < 2**62
 SWIGLU_LIMIT = 1 << 31  # g * sigmoid < 2**61; silu * u < 2**62
 RESID_LIMIT = 1 << 40
-EXPERT_Y_LIMIT = 1 << 31  # sum_k w_k * y_k with sum_k w_k <= 2**30 + k: < 2**62
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,8 +225,8 @@ class OracleOps:
     def scale(self, x: I64, factor_q24: int) -> I64:
         return scale_q24(x, factor_q24)
 
-    def route(self, logits: I64, k: int, normalise: bool) -> tuple[I64, I64]:
-        return route(logits, k, normalise)
+    def route(self, logits: I64, k: int, gating: str, normalise: bool) -> tuple[I64, I64]:
+        return route(logits, k, gating, normalise)
 
     def combine(self, n: int, d: int, experts: I64, weights: I64,
                 ys: Sequence[tuple[int, I64, I64]]) -> I64:
@@ -385,15 +384,19 @@ def scale_q24(x: I64, factor_q24: int) -> I64:
     return fx.rshift_round(x * np.int64(factor_q24), 24)
 
 
-def route(logits: I64, k: int, normalise: bool) -> tuple[I64, I64]:
-    """The router: softmax over every expert (Q.30, the integer exp2), the k most probable
-    (ties: the lower expert index first), their weights renormalised to sum to 2**30 when
-    ``normalise``. Returns (experts [n, k], weights [n, k] Q.30)."""
-    mx = logits.max(axis=1, keepdims=True)
-    z = np.maximum(logits - mx, np.int64(fx.EXP2_ARG_MIN))  # Q.16, <= 0, clamped like exp2
-    t = fx.rshift_round(z * np.int64(fx.LOG2E_Q30), 30)  # log2 domain, Q.16
-    pw = fx.exp2_neg_q30(t)
-    prob = fx.div_round(pw << np.int64(30), pw.sum(axis=1, keepdims=True))  # Q.30
+def route(logits: I64, k: int, gating: str, normalise: bool) -> tuple[I64, I64]:
+    """The router: ``softmax`` over every expert (Q.30, the integer exp2) or ``sigmoid`` of
+    each expert's logit (Q.30), the k most probable (ties: the lower expert index first),
+    their weights renormalised to sum to 2**30 when ``normalise``. Returns
+    (experts [n, k], weights [n, k] Q.30)."""
+    if gating == "sigmoid":
+        prob = fx.sigmoid_q30(logits)
+    else:
+        mx = logits.max(axis=1, keepdims=True)
+        z = np.maximum(logits - mx, np.int64(fx.EXP2_ARG_MIN))  # Q.16, <= 0, clamped
+        t = fx.rshift_round(z * np.int64(fx.LOG2E_Q30), 30)  # log2 domain, Q.16
+        pw = fx.exp2_neg_q30(t)
+        prob = fx.div_round(pw << np.int64(30), pw.sum(axis=1, keepdims=True))  # Q.30
     order = np.argsort(-prob, axis=1, kind="stable")[:, :k]
     w = np.take_along_axis(prob, order, axis=1)
     if normalise:
@@ -405,11 +408,13 @@ def combine(n: int, d: int, experts: I64, weights: I64,
             ys: Sequence[tuple[int, I64, I64]]) -> I64:
     """sum_k weight_k * y_k over each row's experts, one rounding from Q.46 to Q.16.
 
-    ``ys``: (expert, the rows that chose it, their outputs). |y| <= 2**31 and the weights sum
-    to at most 2**30 + k, so the exact sum stays below 2**62 in any order."""
+    ``ys``: (expert, the rows that chose it, their outputs). With W the largest sum of a row's
+    weights (2**30 + k normalised, up to k * 2**30 for sigmoid weights), |y| <= 2**62 / W
+    keeps the exact sum below 2**62 in any order."""
     acc = np.zeros((n, d), dtype=np.int64)
+    limit = (1 << 62) // max(1, int(weights.sum(axis=1).max()) if weights.size else 1)
     for e, rows, y in ys:
-        check_bound("expert output", int(np.abs(y).max()), EXPERT_Y_LIMIT)
+        check_bound("expert output", int(np.abs(y).max()), limit)
         w = (weights[rows] * (experts[rows] == e)).sum(axis=1)  # the row's weight for e
         acc[rows] += w[:, None] * y
     return fx.rshift_round(acc, 30)

