@@ -160,3 +160,14 @@ def gelu_tanh_q16(x: I64) -> I64:
     inner = c + rshift_round(c3 * np.int64(GELU_A_Q30), 30)
     arg = rshift_round(inner * np.int64(GELU_2C_Q30), 30)
     return rshift_round(x * sigmoid_q30(arg), 30)
+
+
+def mul_rshift_round32(n: I64, g: I64) -> I64:
+    """``rshift_round(n * g, 32)`` for |n| < 2**31 and |g| < 2**40 without forming ``n * g``
+    (which may pass 2**63): with g = gh * 2**16 + gl, 0 <= gl < 2**16, the exact result is
+    ``(n * gh + ((n * gl) >> 16) + 2**15) >> 16`` (floor shifts). RMSNorm's gain product
+    (NORM_FRAC + GAIN_FRAC - ACT_FRAC = 32): Gemma 3's post-norm gains reach 1,657 (2**34.7
+    in Q.24), where the plain product would overflow."""
+    gh = g >> np.int64(16)
+    gl = g & np.int64(0xFFFF)
+    return (n * gh + ((n * gl) >> np.int64(16)) + np.int64(1 << 15)) >> np.int64(16)

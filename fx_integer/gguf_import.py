@@ -400,10 +400,13 @@ def _finish_config(cfg: A.Config, out: Mapping[str, npt.NDArray[Any]], tok: Mapp
     return _replace(cfg, vocab_size=vocab, d_ff=d_ff)
 
 
-def _gain(t: Any) -> npt.NDArray[np.int32]:
+def _gain(t: Any) -> npt.NDArray[Any]:
     if t.tensor_type.name != "F32":
         raise UnsupportedGGUF(f"{t.name}: norm gains must be F32, got {t.tensor_type.name}")
-    return A._fixed_gain(np.asarray(t.data, dtype=np.float32).reshape(-1))
+    g = A.f32_to_fixed(np.asarray(t.data, dtype=np.float32).reshape(-1), 24)
+    if g.size and int(np.abs(g).max()) >= 1 << 40:
+        raise UnsupportedGGUF(f"{t.name}: a norm gain of 65,536 or more is not supported")
+    return _narrow(g)
 
 
 def _is_format1(by_name: Mapping[str, Any]) -> bool:

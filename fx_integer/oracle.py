@@ -304,7 +304,7 @@ def rmsnorm(x: I64, gain: I64, eps_q32: int) -> I64:
     inv = fx.div_round(np.full_like(r, 1 << 62), r)  # (2**31, 2**32]
     e = 38 - (c2 >> 1)  # Q.24 normalised value: u * inv * 2**(24 + c2/2 - 62)
     nrm = fx.rshift_round_var(u * inv[:, None], e[:, None])
-    return fx.rshift_round(nrm * gain, fx.NORM_FRAC + fx.GAIN_FRAC - fx.ACT_FRAC)
+    return fx.mul_rshift_round32(nrm, gain)
 
 
 def rope(x: I64, cos: I64, sin: I64, layout: str = "interleaved") -> I64:

@@ -172,7 +172,10 @@ int nl_rmsnorm(const int64_t *x, int T, int D, const int64_t *gain, int64_t eps_
         for (int i = 0; i < D; i++) {
             int64_t u = rshift_round_var(xr[i], s);
             int64_t nrm = rshift_round_var(u * inv, e);
-            orow[i] = (nrm * gain[i] + (1LL << 31)) >> 32;
+            /* rshift_round(nrm * gain, 32) without an int64 product of both: exact for
+             * |gain| < 2**40 (Q.24 gains up to 65536; Gemma 3's post-norms reach 1,657) */
+            const int64_t gh = gain[i] >> 16, gl = gain[i] & 0xFFFF;
+            orow[i] = (nrm * gh + ((nrm * gl) >> 16) + (1LL << 15)) >> 16;
         }
     }
     return 0;

@@ -90,3 +90,18 @@ def test_f32_to_fixed_rounds_half_up() -> None:
     ref = [_ref_round(Fraction(float(v)).numerator * (1 << 24), Fraction(float(v)).denominator)
            for v in a]
     assert got == ref
+
+
+def test_mul_rshift_round32_is_the_plain_product_where_it_fits() -> None:
+    """RMSNorm's gain product without forming n * g: equal to rshift_round(n * g, 32) wherever
+    that fits int64, and exact (Python integers) up to |n| < 2**31, |g| < 2**40."""
+    rng = np.random.Generator(np.random.PCG64(11))
+    n = rng.integers(-(1 << 31) + 1, 1 << 31, size=20000, dtype=np.int64)
+    g = rng.integers(-(1 << 40) + 1, 1 << 40, size=20000, dtype=np.int64)
+    n[:4] = [0, -1, (1 << 31) - 1, -(1 << 31) + 1]
+    g[:4] = [(1 << 40) - 1, -(1 << 40) + 1, -(1 << 40) + 1, (1 << 40) - 1]
+    got = fx.mul_rshift_round32(n, g)
+    want = [(int(a) * int(b) + (1 << 31)) >> 32 for a, b in zip(n, g, strict=True)]
+    assert got.tolist() == want
+    small = g >> 12  # |g| < 2**28: the plain int64 product fits
+    assert np.array_equal(fx.mul_rshift_round32(n, small), fx.rshift_round(n * small, 32))
