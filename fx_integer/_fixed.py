@@ -170,4 +170,5 @@ def mul_rshift_round32(n: I64, g: I64) -> I64:
     in Q.24), where the plain product would overflow."""
     gh = g >> np.int64(16)
     gl = g & np.int64(0xFFFF)
-    return (n * gh + ((n * gl) >> np.int64(16)) + np.int64(1 << 15)) >> np.int64(16)
+    out: I64 = (n * gh + ((n * gl) >> np.int64(16)) + np.int64(1 << 15)) >> np.int64(16)
+    return out
