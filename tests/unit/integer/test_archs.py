@@ -1,4 +1,4 @@
-"""The seed's architectures from GGUF, on the project's SYNTHETIC models (fx_integer.synthetic_gguf).
+"""The seed's architectures from GGUF, on the SYNTHETIC models of fx_integer.synthetic_gguf.
 
 * The converter reads each architecture the way llama.cpp does (checked field by field here, and
   against llama.cpp itself on the same file when llama-cpp-python is installed).
