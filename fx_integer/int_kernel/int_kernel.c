@@ -88,11 +88,15 @@ int nl_qmatmul(const int64_t *x, int T, int K, const int8_t *codes, int O,
         const int8_t *c = codes + (size_t)o * K;
         const int64_t *d = scale + (size_t)o * nb;
         const int64_t *m = offset ? offset + (size_t)o * nb : NULL;
+        /* the row's codes widened once to int16, so every block dot below is an
+         * int16 x int16 multiply-add (vpmaddwd) for every token and piece */
+        int16_t cw[K];
+        for (int i = 0; i < K; i++) cw[i] = (int16_t)c[i];
         for (int t0 = 0; t0 < T; t0 += TB) {
             const int t1 = t0 + TB < T ? t0 + TB : T;
             int64_t acc[TB] = {0};
             for (int b = 0; b < nb; b++) {
-                const int8_t *cb = c + b * G;
+                const int16_t *cb = cw + b * G;
                 for (int t = t0; t < t1; t++) {
                     int64_t p = 0;
                     for (int j = npieces - 1; j >= 0; j--) {
