@@ -9,6 +9,9 @@ stays int8 in memory.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -100,3 +103,26 @@ def test_past_the_window(g_oracle: OracleOps, g_native: NativeOps) -> None:
     forward(g_native, [(c, toks[515:520])])
     tail = np.ascontiguousarray(forward(g_native, [(c, toks[520:])], all_logits=True)[0])
     assert tail.tobytes() == rows["oracle"][5 * 262144 * 8:]
+
+
+def test_import_int_stores_it_with_its_notice(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`fx models import-int gemma3-270m` puts the artifact into a model store; `fx models
+    list` shows its architecture and the Gemma Terms of Use notice under it."""
+    from fx_cli.main import build_parser
+
+    gemma_artifact()
+    store = tmp_path / "store"
+    ap = build_parser()
+    args = ap.parse_args(["models", "import-int", "gemma3-270m", "--store", str(store)])
+    assert args.func(args) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["model"] == "gemma3-270m" and row["store_hash"] == "sha256:" + row["model_hash"]
+    args = ap.parse_args(["models", "list", "--store", str(store)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "[gemma3]" in out and "notice: Gemma is provided under and subject to the Gemma " \
+        "Terms of Use found at ai.google.dev/gemma/terms" in out
+    args = ap.parse_args(["models", "import-int", "nosuch"])
+    assert args.func(args) == 2
+    assert "unknown model 'nosuch'" in capsys.readouterr().err
