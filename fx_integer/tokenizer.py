@@ -6,6 +6,13 @@ every numeric character is isolated, then the GPT-2 byte-level pattern
 (implemented by hand with ``unicodedata`` so no regex module is needed), without a prefix
 space. No BOS is added.
 
+This module's ``Tokenizer`` is the byte-level BPE of GGUF ``tokenizer.ggml.model = "gpt2"``;
+:class:`~fx_integer.tokenizer_spm.SpmTokenizer` is llama.cpp's SentencePiece-style BPE of
+``"llama"`` vocabularies (Gemma 3). :func:`tokenizer_for` returns the right one for an artifact's
+tokenizer dict; both have ``encode(text, allow_special=...)``, ``decode``, ``chat_tokens``,
+``chat_prompt``, ``bos_id`` / ``eos_id`` / ``pad_id``, ``tokens``, ``token_types`` and
+``special_ids`` (the ids plain text never yields).
+
 Special tokens in text are text: ``encode`` recognises the control-token strings (``<|im_start|>``
 and the other token-type 3/4 entries) only when asked (``allow_special=True``, for trusted
 template text), and plain BPE never yields a special id. A chat prompt is built by
@@ -17,9 +24,12 @@ text (role name, system and user content) is encoded as text, so a user who type
 from __future__ import annotations
 
 import functools
+import threading
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .tokenizer_spm import SpmTokenizer
 
 _CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
 # Unicode White_Space (what \s means in the Rust regex crate).
@@ -219,3 +229,47 @@ class Tokenizer:
         if system is not None:
             s += f"<|im_start|>system\n{system}<|im_end|>\n"
         return s + f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+#: a tokenizer for either vocabulary kind
+AnyTokenizer = Tokenizer | SpmTokenizer
+
+_BUILT: list[tuple[dict[str, Any], AnyTokenizer]] = []
+_BUILT_MAX = 4
+_BUILT_LOCK = threading.Lock()
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _same_meta(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same keys; each value the very same object, or an equal scalar of the same type."""
+    if a.keys() != b.keys():
+        return False
+    for k, va in a.items():
+        vb = b[k]
+        if va is vb:
+            continue
+        if not (isinstance(va, _SCALARS) and type(va) is type(vb) and va == vb):
+            return False
+    return True
+
+
+def tokenizer_for(meta: Mapping[str, Any]) -> AnyTokenizer:
+    """The tokenizer of an artifact's tokenizer dict, by its ``model`` (the GGUF's
+    ``tokenizer.ggml.model``): ``"gpt2"`` (or no ``model`` key) -> byte-level BPE
+    :class:`Tokenizer`, ``"llama"`` -> :class:`~fx_integer.tokenizer_spm.SpmTokenizer`.
+
+    The last few built are kept (with the dict's values, so their identities stay theirs) and
+    returned again for a dict holding the very same list objects (treated as immutable) and
+    equal scalars: repeated calls on one loaded artifact cost nothing after the first."""
+    model = str(meta.get("model", "gpt2"))
+    if model not in ("gpt2", "llama"):
+        raise ValueError(f"tokenizer model {model!r} is not supported (gpt2, llama)")
+    with _BUILT_LOCK:
+        for held, tok in _BUILT:
+            if _same_meta(held, meta):
+                return tok
+    built: AnyTokenizer = Tokenizer(meta) if model == "gpt2" else SpmTokenizer(meta)
+    with _BUILT_LOCK:
+        _BUILT.append((dict(meta), built))
+        del _BUILT[:-_BUILT_MAX]
+    return built
