@@ -115,7 +115,7 @@ def library() -> ctypes.CDLL:
             _lib_error = str(exc)
             raise NativeBuildError(_lib_error) from exc
         p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-        lib.nl_qmatmul.argtypes = [p, i, i, p, i, p, p, p, i, i, p, i, i]
+        lib.nl_qmatmul.argtypes = [p, i, i, p, i, p, p, p, i, i, p, i, i, i]
         lib.nl_qmatmul.restype = i
         lib.nl_rmsnorm.argtypes = [p, i, i, p, ll, p]
         lib.nl_rmsnorm.restype = i
@@ -154,21 +154,72 @@ def default_threads() -> int:
     return os.cpu_count() or 1
 
 
-class _NativeMatrix:
-    """A quantized matrix laid out for the C kernel: int8 codes [O, K] (the artifact's own
-    bytes where they are already contiguous int8), Q.24 scales [O, nb]."""
+#: nl_qmatmul's layout flags (int_kernel.c): codes packed two to a byte, int32 scales.
+QF_NIBBLES: Final = 1
+QF_S32: Final = 2
+_I32 = np.iinfo(np.int32)
+
+
+def _fits_int32(a: I64 | None) -> bool:
+    return a is None or a.size == 0 or (int(a.min()) >= _I32.min and int(a.max()) <= _I32.max)
+
+
+class NativeMatrix:
+    """A quantized matrix laid out for the C kernel: codes [O, K] int8 (the artifact's own
+    bytes where they are already contiguous int8), or, where every code is 0..15 (Q4_1, Q4_K)
+    and K a multiple of 32, two to a byte (per 32 codes, byte j = code j | code 16 + j << 4);
+    Q.24 scales/offsets [O, nb], int32 where every value fits, else int64. The same integers
+    in fewer bytes: decode streams every weight once per step, so the bytes set its speed."""
 
     def __init__(self, w: QWeight) -> None:
-        self.codes = np.ascontiguousarray(w.codes, dtype=np.int8)
-        self.scale = np.ascontiguousarray(w.scale, dtype=np.int64)
-        self.offset = (None if w.offset is None
-                       else np.ascontiguousarray(w.offset, dtype=np.int64))
+        codes = np.ascontiguousarray(w.codes, dtype=np.int8)
+        scale = np.ascontiguousarray(w.scale, dtype=np.int64)
+        offset = None if w.offset is None else np.ascontiguousarray(w.offset, dtype=np.int64)
         self.group = w.group
-        self.wq = exactness_weights(np.ascontiguousarray(self.scale.T),
-                                    None if self.offset is None
-                                    else np.ascontiguousarray(self.offset.T), w.qmax)
-        self.out_features, self.in_features = self.codes.shape
+        self.wq = exactness_weights(np.ascontiguousarray(scale.T),
+                                    None if offset is None else np.ascontiguousarray(offset.T),
+                                    w.qmax)
+        self.out_features, self.in_features = codes.shape
         self.piece_bits, self.n_pieces = piece_split(w.qmax, w.group)
+        self.flags = 0
+        o, k = codes.shape
+        self.codes: npt.NDArray[np.int8] | npt.NDArray[np.uint8] = codes
+        if k % 32 == 0 and codes.size and int(codes.min()) >= 0 and int(codes.max()) <= 15:
+            c = codes.view(np.uint8).reshape(o, k // 32, 2, 16)
+            self.codes = np.ascontiguousarray(c[:, :, 0] | (c[:, :, 1] << 4)).reshape(o, k // 2)
+            self.flags |= QF_NIBBLES
+        self.scale: npt.NDArray[np.int32] | I64 = scale
+        self.offset: npt.NDArray[np.int32] | I64 | None = offset
+        if _fits_int32(scale) and _fits_int32(offset):
+            self.scale = scale.astype(np.int32)
+            self.offset = None if offset is None else offset.astype(np.int32)
+            self.flags |= QF_S32
+
+
+def qmatmul(w: NativeMatrix, x: I64, what: str = "matmul", *, threads: int = 1) -> I64:
+    """[T, K] Q.16 x ``w`` -> [T, O] Q.16 on the C kernel: the bytes of
+    :func:`fx_integer.oracle.qmatmul`, and its FixedPointOverflow where it raises."""
+    lib = _lib if _lib is not None else library()
+    x = np.ascontiguousarray(x, dtype=np.int64)
+    t, k = x.shape
+    if k != w.in_features:
+        raise ValueError(f"{what}: input has {k} features, the matrix {w.in_features}")
+    out = np.empty((t, w.out_features), dtype=np.int64)
+    if t == 0:
+        return out
+    off = w.offset.ctypes.data if w.offset is not None else None
+    st = lib.nl_qmatmul(x.ctypes.data, t, k, w.codes.ctypes.data, w.out_features,
+                        w.scale.ctypes.data, off, w.wq.ctypes.data, w.piece_bits, w.n_pieces,
+                        out.ctypes.data, threads, w.group, w.flags)
+    if st == 2:
+        raise MemoryError(f"{what}: the integer kernel could not allocate its buffers")
+    if st != 0:
+        # the numpy oracle's own checks, which raise its own FixedPointOverflow
+        check_matmul_input(x, w.wq, what, w.group)
+        split_pieces(x, w.piece_bits, w.n_pieces)
+        raise RuntimeError(f"{what}: the integer kernel refused an input the numpy oracle "
+                           "accepts (a bug: please report it)")
+    return out
 
 
 class NativeOps(OracleOps):
@@ -180,32 +231,12 @@ class NativeOps(OracleOps):
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
         self._load_common(art)
-        self.native: dict[str, _NativeMatrix]
-        self.native, self.plan = build_matrices(art, _NativeMatrix)
+        self.native: dict[str, NativeMatrix]
+        self.native, self.plan = build_matrices(art, NativeMatrix)
         self.mats = {}  # the float32 layout of the numpy path is not kept
 
     def matmul(self, x: I64, mat: str) -> I64:
-        w = self.native[mat]
-        x = np.ascontiguousarray(x, dtype=np.int64)
-        t, k = x.shape
-        if k != w.in_features:
-            raise ValueError(f"{mat}: input has {k} features, the matrix {w.in_features}")
-        out = np.empty((t, w.out_features), dtype=np.int64)
-        if t == 0:
-            return out
-        off = w.offset.ctypes.data if w.offset is not None else None
-        st = self.lib.nl_qmatmul(x.ctypes.data, t, k, w.codes.ctypes.data, w.out_features,
-                                 w.scale.ctypes.data, off, w.wq.ctypes.data, w.piece_bits,
-                                 w.n_pieces, out.ctypes.data, self.threads, w.group)
-        if st == 2:
-            raise MemoryError(f"{mat}: the integer kernel could not allocate its buffers")
-        if st != 0:
-            # the numpy oracle's own checks, which raise its own FixedPointOverflow
-            check_matmul_input(x, w.wq, mat, w.group)
-            split_pieces(x, w.piece_bits, w.n_pieces)
-            raise RuntimeError(f"{mat}: the integer kernel refused an input the numpy oracle "
-                               "accepts (a bug: please report it)")
-        return out
+        return qmatmul(self.native[mat], x, mat, threads=self.threads)
 
     def rmsnorm(self, x: I64, gain: str) -> I64:
         g = self.gains[gain]
