@@ -61,7 +61,7 @@ from fx_integer import _paths, artifact, fidelity
 from fx_integer.generation import GenRequest, generate_batch, to_host
 from fx_integer.oracle import RESID_LIMIT, FixedPointOverflow, KVCache, OracleOps, forward
 from fx_integer.sampling import SamplingParams
-from fx_integer.tokenizer import Tokenizer
+from fx_integer.tokenizer import tokenizer_for
 
 HBM_BYTES_PER_S = 4.8e12
 FULL_MODEL_HASH = "e4ea34754fe65130fb25fce568e6c657bc1e6d187221284fbce78ac3ddec8102"
@@ -178,7 +178,7 @@ def parity_checks(art: artifact.Artifact, gpu: Any, ora: OracleOps,
                   real: bool) -> dict[str, Any]:
     limit_s = float(os.environ.get("GPU_CHECK_PARITY_S", "240"))
     if real:
-        tok = Tokenizer(art.tokenizer)
+        tok = tokenizer_for(art.tokenizer)
         prompts = fidelity.load_prompts()[: int(os.environ.get("GPU_CHECK_PROMPTS", "1000"))]
         seqs = [(str(p["id"]), tok.chat_tokens(p["text"]) if p["chat"]
                  else tok.encode(p["text"])) for p in prompts]
@@ -348,7 +348,7 @@ def main() -> int:
         else:
             out["parity_gate"] = {"skipped": "no committed artifact: the gate runs on the model"}
         if real:
-            prompt = Tokenizer(art.tokenizer).encode(
+            prompt = tokenizer_for(art.tokenizer).encode(
                 "Once upon a time, there was a little girl who lived in a village.")
         else:
             prompt = [1, 500, 9000, 42, 7, 3000, 17, 256, 1000, 2000, 3000, 4000, 77, 88, 99]

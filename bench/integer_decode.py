@@ -33,7 +33,7 @@ from fx_integer import _paths, artifact
 from fx_integer.float_ref import FloatOps
 from fx_integer.generation import to_host
 from fx_integer.oracle import KVCache, Ops, OracleOps, forward
-from fx_integer.tokenizer import Tokenizer
+from fx_integer.tokenizer import tokenizer_for
 
 PROMPT = "Once upon a time, there was a little girl who lived in a small village near the forest."
 FLOAT = "float32 numpy (reference)"
@@ -83,7 +83,7 @@ def main() -> int:
     blas = os.environ["OPENBLAS_NUM_THREADS"]
     threads = a.threads if a.threads is not None else (int(blas) if blas.isdigit() else 1)
     art = artifact.load(_paths.ensure_artifact())
-    tok = Tokenizer(art.tokenizer)
+    tok = tokenizer_for(art.tokenizer)
     p = tok.encode(PROMPT)
     batch = [p, *[tok.encode(f"Story number {i}: {PROMPT}") for i in range(1, a.batch)]]
     engines: list[tuple[str, Any]] = [(FLOAT, lambda: FloatOps(art)),

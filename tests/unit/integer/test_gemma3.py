@@ -126,3 +126,30 @@ def test_import_int_stores_it_with_its_notice(tmp_path: Path,
     args = ap.parse_args(["models", "import-int", "nosuch"])
     assert args.func(args) == 2
     assert "unknown model 'nosuch'" in capsys.readouterr().err
+
+
+def test_generation_receipts_verify_and_the_gate(gemma: artifact.Artifact) -> None:
+    """Gemma through the engine as SmolLM2 goes: text prompts in its own tokenizer (SPM), a chat
+    answer that stops at <end_of_turn>, greedy and sampled receipts that fx verify's numpy
+    oracle re-executes byte for byte, and the parity gate's committed canaries passing on
+    oracle-native (the gate fx verify --native runs before trusting this machine's build)."""
+    from fx_integer.engine import IntegerEngine
+    from fx_integer.receipt import ReceiptSigner
+    from fx_integer.verifier import gated_native, verify
+
+    path = gemma_artifact()
+    signer = ReceiptSigner.generate(node_id="gemma-test")
+    eng = IntegerEngine(path, backend="oracle-native", signer=signer)
+    greedy = eng.run({"prompt": "The capital of France is", "max_tokens": 8})
+    assert greedy["receipt"]["output_tokens"] == [506, 5279, 529, 506, 2891, 529, 7001, 236761]
+    assert greedy["text"] == " the capital of the country of France."
+    chat = eng.run({"prompt": "Name one primary colour.", "chat": True, "max_tokens": 12})
+    assert chat["receipt"]["params"]["stop_token"] == 106  # <end_of_turn>
+    sampled = eng.run({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0.8,
+                       "top_k": 40, "seed": 7})
+    for out in (greedy, chat, sampled):
+        res = verify(out["receipt"], artifact_path=path, trusted_keys=[signer.public_key_hex])
+        assert res.ok, res.reasons
+        assert "re-executed on oracle, teacher-forced" in res.checks
+    backend, why = gated_native(path, gemma.model_hash, "oracle-native")  # runs the gate
+    assert backend == "oracle-native" and "passed the parity canaries" in why
