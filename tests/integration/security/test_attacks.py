@@ -1,0 +1,170 @@
+"""Issue 30: the attacks an outside security test got through, each reproduced against the
+secured local broker (SASL/SCRAM over TLS, the standard authorizer, the ACLs of ``fx acl
+apply``) and refused.
+
+One broker for the module, in its own data dir, with two workloads (``atka``, ``atkb``), each with
+its own holder and producer user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.protocol.admin import DeleteRecordsRequest, DeleteTopicsRequest
+
+from broker_schema import SpecRecord, encode, topics
+from broker_schema.records import InlineBody, InputRecord
+from executor.core import input_problem
+from fx_kafka.acl import Operation, PatternType, ResourceType, Roles, apply_acls, plan_acls
+from fx_kafka.client import make_admin, make_producer
+from fx_kafka.local import LocalKafka
+from fx_kafka.security import ClientSecurity, use_security
+from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from workload_sdk._kafka_io import read_topic
+
+pytestmark = pytest.mark.integration
+
+WA, WB = "atka", "atkb"
+USERS = ("holder-a", "holder-b", "producer-a", "producer-b")
+ROLES = {WA: Roles(holder="holder-a", producer="producer-a"),
+         WB: Roles(holder="holder-b", producer="producer-b")}
+MODULE_HASH = "sha256:" + "0" * 64
+_TOPIC_AUTHORIZATION_FAILED = 29
+_TOPIC_DELETION_DISABLED = 73
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    data_dir = tmp_path_factory.mktemp("attack-broker")
+    in_main = threading.current_thread() is threading.main_thread()
+    broker = LocalKafka(data_dir=data_dir, secure=True, users=USERS, die_with_parent=in_main)
+    broker.start(timeout=120)
+    try:
+        admin = broker.admin_security
+
+        async def setup() -> None:
+            with use_security(admin):
+                for wid in (WA, WB):
+                    await ensure_workload_topics(broker.bootstrap, wid)
+                await ensure_system_topics(broker.bootstrap)
+            for wid, roles in ROLES.items():
+                await apply_acls(broker.bootstrap, plan_acls(roles, [wid]), security=admin)
+            operator = broker.security_for("operator")
+            for wid in (WA, WB):
+                spec = SpecRecord(workload_id=wid, module_hash=MODULE_HASH,
+                                  effect_kinds=("ninelives:inference/run@0.1.0",))
+                await _send(broker.bootstrap, operator, topics.spec(wid), encode(spec))
+            record = InputRecord(workload_id=WB, body=InlineBody.of_json({"private": "B"}))
+            await _send(broker.bootstrap, broker.security_for("producer-b"), topics.inputs(WB),
+                        encode(record))
+
+        asyncio.run(setup())
+        yield broker
+    finally:
+        broker.stop()
+
+
+async def _send(bootstrap: str, security: ClientSecurity, topic: str, value: bytes = b"x",
+                key: bytes | None = None) -> int:
+    producer = make_producer(bootstrap, security=security, request_timeout_ms=10_000)
+    await producer.start()
+    try:
+        return int((await producer.send_and_wait(topic, value, key=key, partition=0)).offset)
+    finally:
+        await producer.stop()
+
+
+# -- 1. grants checked against their writer ---------------------------------------------------
+async def test_a_holder_cannot_grant_itself_another_workloads_inputs(kafka: LocalKafka) -> None:
+    """Attack 1: holder-a, who cannot read wl.atkb.in, wrote a spec for its own workload
+    granting ``input_topics=[wl.atkb.in]`` and ``chunks_from=[atkb]``, then requests naming
+    them; the executor read them for it. Only the operator, who reads every topic, may write
+    ``.spec`` now: the grant's writer must be able to read what it grants."""
+    bootstrap = kafka.bootstrap
+    holder_a = kafka.security_for("holder-a")
+    with use_security(holder_a), pytest.raises(TopicAuthorizationFailedError):
+        await read_topic(bootstrap, topics.inputs(WB), timeout=10)  # it cannot read B's input
+    grant = SpecRecord(workload_id=WA, module_hash=MODULE_HASH,
+                       effect_kinds=("ninelives:inference/run@0.1.0",),
+                       input_topics=(topics.inputs(WB),), chunks_from=(WB,))
+    with pytest.raises(TopicAuthorizationFailedError):
+        await _send(bootstrap, holder_a, topics.spec(WA), encode(grant))
+    # the spec in force is still the operator's, and under it a request of atka naming
+    # wl.atkb.in (or atkb's chunks) is input_forbidden before any read
+    with use_security(kafka.security_for("operator")):
+        view = await read_topic(bootstrap, topics.spec(WA), timeout=10)
+    specs = [SpecRecord.model_validate_json(r.value) for r in view]
+    assert len(specs) == 1 and specs[0].input_topics == () and specs[0].chunks_from == ()
+    from broker_schema.records import ChunkRef, EffectHeader, EffectRequest, StreamRef
+    header = EffectHeader(workload_id=WA, input_offset=0, index=0, epoch=1)
+    for ref in (StreamRef(topic=topics.inputs(WB), partition=0, offset=0),
+                ChunkRef(hash="sha256:" + "1" * 64, size=1, workload=WB)):
+        request = EffectRequest(header=header, effect_kind="ninelives:inference/run@0.1.0",
+                                input=ref, deadline_ms=1000)
+        assert input_problem(request, specs[0]) is not None
+    # the operator may still grant (it reads everything it grants)
+    assert await _send(bootstrap, kafka.security_for("operator"), topics.spec(WA),
+                       encode(grant)) >= 1
+
+
+# -- 6. ACLs as narrow as documented ----------------------------------------------------------
+async def test_every_delete_cell_no_topic_is_deleted_and_records_only_where_planned(
+    kafka: LocalKafka,
+) -> None:
+    """Attack 6: holder-a deleted the topic wl.atka.claims, the operator wl.atkb.merge. Every
+    principal against every topic of both workloads and the system topics: DeleteTopics is
+    refused to all (the super user included: ``delete.topic.enable=false``), and DeleteRecords
+    succeeds exactly where the plan grants DELETE (fx trim's streams, holder and operator)."""
+    bootstrap = kafka.bootstrap
+    principals = ("executor", "operator", "holder-a", "producer-a", "holder-b", "producer-b")
+    plan = {b for wid, roles in ROLES.items() for b in plan_acls(roles, [wid])}
+    names = [topics.stream(w, s) for w in (WA, WB) for s in topics.STREAMS]
+    names += [topics.FACTS, topics.REJECTS, topics.CHUNKS, topics.ALARMS]
+
+    def planned(user: str, topic: str) -> bool:
+        for b in plan:
+            if (b.principal == f"User:{user}" and b.operation == Operation.DELETE
+                    and b.resource_type == ResourceType.TOPIC
+                    and (b.name == topic if b.pattern == PatternType.LITERAL
+                         else topic.startswith(b.name))):
+                return True
+        return False
+
+    cells = 0
+    for user in (*principals, "admin"):
+        security = kafka.admin_security if user == "admin" else kafka.security_for(user)
+        admin = make_admin(bootstrap, security=security)
+        await admin.start()
+        try:
+            for topic in names:
+                cells += 1
+                # DeleteTopics, straight to the controller: refused to every principal
+                response = await admin._send_to_controller(DeleteTopicsRequest([topic], 10_000))
+                (name, code, *_), = response.topic_error_codes
+                assert name == topic and code in (_TOPIC_AUTHORIZATION_FAILED,
+                                                  _TOPIC_DELETION_DISABLED), (user, topic, code)
+                if user == "admin":
+                    assert code == _TOPIC_DELETION_DISABLED
+                    continue
+                # DeleteRecords below offset 0 (deletes nothing), straight to the one broker
+                # (no metadata first: a topic the user may not describe is asked about too)
+                request = DeleteRecordsRequest([(topic, [(0, 0)])], 10_000)
+                node = next(iter(admin._client.cluster.brokers())).nodeId
+                reply = await admin._client.send(node, request)
+                (_, ((_, _, code, *_),), *_), = reply.topics
+                expected = 0 if planned(user, topic) else _TOPIC_AUTHORIZATION_FAILED
+                assert code == expected, (user, topic, code)
+        finally:
+            await admin.close()
+    assert cells == (len(principals) + 1) * len(names)
+    # every topic is still there
+    admin = make_admin(bootstrap, security=kafka.admin_security)
+    await admin.start()
+    try:
+        assert set(names) <= set(await admin.list_topics())
+    finally:
+        await admin.close()
