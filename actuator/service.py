@@ -59,7 +59,7 @@ from actuator.core import (
 from actuator.device import InDoubt, ModbusDevice
 from actuator.metrics import GatewayMetrics
 from broker_schema import DecodeError, topics
-from broker_schema.codec import decode, encode
+from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     AcceptedRecord,
     ActuatorMemoryRecord,
@@ -359,7 +359,8 @@ class GatewayService:
         now_ns = time.time_ns()
         decision = decide(self.state, record, topic=msg.topic, partition=msg.partition,
                           offset=msg.offset, append_ms=msg.timestamp,
-                          now_ms=now_ns // 1_000_000, now_us=now_ns // 1000)
+                          now_ms=now_ns // 1_000_000, now_us=now_ns // 1000,
+                          request_hash=request_hash(msg.value))
         read_mono = time.monotonic()
         if isinstance(decision, Leave):  # in doubt since before a restart: its lease decides
             self.metrics.in_doubt.labels(kind).inc()
@@ -432,7 +433,7 @@ class GatewayService:
                                 finished_us=_now_us())
         if verdict[0] == "reanswer":
             return remembered_response(state, job.request, job.request_offset, verdict[1],
-                                       started_us)
+                                       started_us, request_hash=job.request_hash)
         if verdict[0] == "leave":
             log.warning("%s", verdict[1])
             return None

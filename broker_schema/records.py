@@ -117,6 +117,9 @@ PassOverReason = Literal[
     "after_outcome",  # a timeout or unknown for this effect id was already merged
     "unknown_effect",  # no request with this effect id was ever written
     "not_an_answer",  # an accepted record: it is bookkeeping, the step never sees it
+    # an answer (or accepted) to a request the holder did not write for this effect id: its
+    # request_hash is not the hash of the holder's request (a front-running stray's answer)
+    "foreign_request",
 ]
 
 
@@ -539,6 +542,10 @@ class AcceptedRecord(_Model):
     #: The executor promises a response within this long of its accept (else: ``unknown``).
     lease_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
     accepted_us: Micros
+    #: ``sha256:`` of the bytes of the request accepted (:func:`~broker_schema.codec.
+    #: request_hash`): binds the accept to one request, not just to its effect id (issue 30).
+    #: Left out of the canonical bytes when None (records written before the field existed).
+    request_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_effect_id(self) -> Self:
@@ -570,6 +577,11 @@ class ResponseRecord(_Model):
     #: Engine-specific proof, e.g. the integer engine's hash-chained receipt.
     receipt: dict[str, JsonValue] | None = None
     signature: Signature | None = None
+    #: ``sha256:`` of the bytes of the request answered (:func:`~broker_schema.codec.
+    #: request_hash`), covered by the signature: the lease holder merges an answer only when it
+    #: is the hash of the request it wrote for the effect id (``foreign_request`` otherwise).
+    #: Left out of the canonical bytes when None (records written before the field existed).
+    request_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_outcome(self) -> Self:

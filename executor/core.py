@@ -126,6 +126,10 @@ class InFlight:
     #: Broker append time of the request plus its ``deadline_ms``.
     deadline_at_ms: int
     received_us: int
+    #: ``sha256:`` of the request's bytes on ``.out`` (:func:`broker_schema.request_hash`),
+    #: carried by its ``accepted`` and response: the holder merges only the answer to its own
+    #: request (issue 30). None when the service did not give it.
+    request_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,7 @@ def refusal(
     *,
     code: ErrorCode | None,
     message: str = "",
+    request_hash: str | None = None,
 ) -> Refuse:
     """A refusal of ``request`` (read at ``request_offset``): an unsigned ``error`` response
     with ``code``, or ``backpressure`` when ``code`` is None. No ``accepted`` precedes it."""
@@ -306,6 +311,7 @@ def refusal(
             executor=state.refusal_executor,
             timing=Timing(received_us=received_us),
             written_by=state.node_id,
+            request_hash=request_hash,
         )
     )
 
@@ -321,12 +327,15 @@ def decide(
     now_ms: int,
     now_us: int,
     model_status: ModelStatus,
+    request_hash: str | None = None,
 ) -> Decision:
     """Apply the rules of this module's docstring to one request read at ``offset``.
 
     ``append_ms`` is the record's broker append time; ``now_ms``/``now_us`` the executor clock at
     reading time; ``model_status`` the store's answer for ``request.model`` (``ready`` when the
-    request names no model). On :class:`Admit` the job is entered into the in-flight table.
+    request names no model); ``request_hash`` the hash of the request's bytes as read
+    (:func:`broker_schema.request_hash`), put in every record written for it. On
+    :class:`Admit` the job is entered into the in-flight table.
     """
     kind = request.effect_kind
     if kind not in state.queue_limits:
@@ -335,7 +344,8 @@ def decide(
         return Ignore("already in flight here")
 
     def refuse(code: ErrorCode, message: str) -> Refuse:
-        return refusal(state, request, offset, now_us, code=code, message=message)
+        return refusal(state, request, offset, now_us, code=code, message=message,
+                       request_hash=request_hash)
 
     header = request.header
     view = state.workload(header.workload_id)
@@ -379,7 +389,7 @@ def decide(
         return refuse("model_hash_mismatch", f"stored file for {request.model} fails its hash")
     limit = state.queue_limits[kind]
     if state.queue_depth(kind) >= limit:
-        return refusal(state, request, offset, now_us, code=None)
+        return refusal(state, request, offset, now_us, code=None, request_hash=request_hash)
     job = InFlight(
         effect_id=request.effect_id,
         request=request,
@@ -388,6 +398,7 @@ def decide(
         request_offset=offset,
         deadline_at_ms=deadline_at,
         received_us=now_us,
+        request_hash=request_hash,
     )
     state.in_flight[job.effect_id] = job
     lease_ms = spec.executor_lease_ms
@@ -398,6 +409,7 @@ def decide(
         node_id=state.node_id,
         lease_ms=lease_ms,
         accepted_us=now_us,
+        request_hash=request_hash,
     )
     return Admit(accepted=accepted, job=job)
 
@@ -473,13 +485,14 @@ def ok_response(
             request_offset=job.request_offset, outcome="ok", output=output,
             model_hash=model_hash, executor=executor, written_by=state.node_id, receipt=receipt,
             timing=Timing(received_us=job.received_us, started_us=started_us,
-                          finished_us=finished_us))
+                          finished_us=finished_us), request_hash=job.request_hash)
     timing = Timing.model_construct(received_us=job.received_us, started_us=started_us,
                                     finished_us=finished_us)
     return ResponseRecord.model_construct(
         effect_id=job.effect_id, header=job.request.header, request_offset=job.request_offset,
         outcome="ok", output=output, model_hash=model_hash, executor=executor,
-        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None)
+        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None,
+        request_hash=job.request_hash)
 
 
 def _plain_receipt(receipt: Mapping[str, object] | None) -> bool:
@@ -512,6 +525,7 @@ def error_response(
         executor=executor or state.refusal_executor,
         timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
         written_by=state.node_id,
+        request_hash=job.request_hash,
     )
 
 

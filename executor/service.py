@@ -76,7 +76,7 @@ from aiokafka.errors import (
 
 from broker_schema import DecodeError, topics
 from broker_schema.canonical import sha256_hex
-from broker_schema.codec import decode, encode
+from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     AcceptedRecord,
     EffectRequest,
@@ -709,6 +709,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
             now_ms=now_ns // 1_000_000,
             now_us=now_ns // 1000,
             model_status=status,
+            request_hash=request_hash(msg.value),
         )
         read_mono = time.monotonic()
         if isinstance(decision, Ignore):

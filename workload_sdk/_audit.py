@@ -661,9 +661,13 @@ def _merge_slice(log: WorkloadLog, lo: int, hi: int | None) -> WorkloadLog:
 
 
 def _fold_state(core: Core) -> dict[str, Any]:
-    """What a snapshot records of a core (the positions aside: they do not decide anything)."""
+    """What a snapshot records of a core (the positions aside: they do not decide anything;
+    a pending effect's ``request_hash`` aside too: it is the hash of the request the step
+    issued, which the output comparison checks byte for byte, and snapshots written before the
+    field existed do not record it)."""
     return {"seq": core.seq, "state_hash": core.state_hash,
-            "pending": {eid: asdict(p) for eid, p in core.pending.items()},
+            "pending": {eid: {k: v for k, v in asdict(p).items() if k != "request_hash"}
+                        for eid, p in core.pending.items()},
             "guessed": dict(core.guessed)}
 
 

@@ -480,7 +480,7 @@ class LeaseHolder:
         result = replay(self.workload, wl)
         self.core = result.core
         self._out_end = wl["out"].end
-        recorded = out_slots(wl)
+        recorded = out_slots(wl, result.outputs)
         for offset, value in recorded.values():
             record = decode(value)
             if isinstance(record, EffectRequest):

@@ -8,6 +8,7 @@ that every output it computes is byte for byte the record on ``.out``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,14 +67,24 @@ class ReplayResult:
     merge_end: int = 0
 
 
-def out_slots(log: WorkloadLog) -> dict[tuple[int, int], tuple[int, bytes]]:
-    """Every output on ``.out`` by slot: ``(offset, value bytes)`` of the first record per slot."""
+def out_slots(log: WorkloadLog, computed: Mapping[tuple[int, int], OutRecord] | None = None,
+              ) -> dict[tuple[int, int], tuple[int, bytes]]:
+    """Every output on ``.out`` by slot: ``(offset, value bytes)`` of the first record per slot,
+    or, given the outputs replay ``computed``, of the first record per slot whose bytes are the
+    computed output's when there is one. Anyone who may write ``.out`` can put a record in a
+    slot before the holder does (issue 30, front-running): such a stray beside the holder's own
+    record is not the slot's output."""
     slots: dict[tuple[int, int], tuple[int, bytes]] = {}
     view = log["out"]
+    wanted = {slot: encode(out) for slot, out in (computed or {}).items()}
     for rec in view:
         record = rec.decode(view.topic)
         if isinstance(record, OutputRecord | EffectRequest):
-            slots.setdefault(record.header.slot, (rec.offset, rec.value))
+            slot = record.header.slot
+            have = slots.get(slot)
+            if have is None or (have[1] != wanted.get(slot, have[1])
+                                and rec.value == wanted[slot]):
+                slots[slot] = (rec.offset, rec.value)
     return slots
 
 
@@ -251,7 +262,7 @@ def replay(
 def missing_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
     """Outputs replay computed whose slot ``(input_offset, index)`` is not on ``.out``: what a new
     holder writes (slots already written are skipped, so no output is written twice)."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     return [out for slot, out in sorted(result.outputs.items()) if slot not in recorded]
 
 
@@ -260,7 +271,7 @@ def resume_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
     ``.out`` yet. Raises :class:`ReplayError` when a slot that *is* on ``.out`` holds other bytes
     than replay computed: the module (or the log) is not the one that wrote them, and carrying on
     would fold from a state the recorded outputs do not come from."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     missing: list[OutRecord] = []
     for slot, out in sorted(result.outputs.items()):
         have = recorded.get(slot)
@@ -275,7 +286,7 @@ def resume_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
 
 def compare_outputs(result: ReplayResult, log: WorkloadLog) -> list[dict[str, Any]]:
     """Outputs replay computed that differ from (or are absent on) ``.out``, as plain dicts."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     problems: list[dict[str, Any]] = []
     for slot, out in sorted(result.outputs.items()):
         got = encode(out)

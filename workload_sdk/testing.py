@@ -36,6 +36,7 @@ from broker_schema import (
     SpecRecord,
     decode,
     encode,
+    request_hash,
     topics,
 )
 from fx_kafka.client import make_producer
@@ -212,9 +213,10 @@ class WorkloadHarness:
         executor would (no model runs: the output is what the test says). Returns the response's
         offset on ``.resp``."""
         resp_topic = topics.resp(self.workload_id)
+        bound = request_hash(encode(req))
         accepted = AcceptedRecord(effect_id=req.effect_id, header=req.header,
                                   request_offset=offset, node_id=node_id, lease_ms=lease_ms,
-                                  accepted_us=int(time.time() * 1e6))
+                                  accepted_us=int(time.time() * 1e6), request_hash=bound)
         await self.append(resp_topic, encode(accepted))
         response = ResponseRecord(
             effect_id=req.effect_id, header=req.header, request_offset=offset,
@@ -224,6 +226,6 @@ class WorkloadHarness:
             model_hash=req.model,
             executor=ExecutorInfo(node_id=node_id, engine="played-by-test", engine_version="0",
                                   device_class="none"),
-            written_by=node_id,
+            written_by=node_id, request_hash=bound,
         )
         return await self.append(resp_topic, encode(response))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_schema import topics
+from broker_schema import decode, encode, request_hash, topics
 from broker_schema.records import (
     INFERENCE_KIND,
     BindingSwitch,
@@ -64,6 +64,28 @@ def test_admit_writes_accepted_and_enters_in_flight() -> None:
     assert d.job.deadline_at_ms == APPEND_MS + 60_000
     assert st.in_flight[req.effect_id] is d.job
     assert st.queue_depth(INFERENCE_KIND) == 1 and st.depth_by_workload() == {WL: 1}
+
+
+def test_every_record_for_a_request_names_the_hash_of_its_bytes() -> None:
+    """Issue 30: accepted, the answer and a refusal carry the request's hash, so the holder can
+    tell the answer to its own request from the answer to a stray with the same effect id."""
+    st = state()
+    req = request(WL, M1, epoch=2)
+    bound = request_hash(encode(req))
+    d = decide(st, req, topic=topics.out(WL), partition=0, offset=7, append_ms=APPEND_MS,
+               now_ms=APPEND_MS + 5, now_us=1, model_status="ready", request_hash=bound)
+    assert isinstance(d, Admit) and d.accepted.request_hash == bound
+    ok = ok_response(st, d.job, output=InlineBody.of_json({"label": "pdf"}), model_hash=M1,
+                     executor=INFO, started_us=2, finished_us=3)
+    err = error_response(st, d.job, code="engine_error", message="x", model_hash=M1,
+                         executor=INFO, started_us=2, finished_us=3)
+    assert ok.request_hash == err.request_hash == bound
+    stale = request(WL, M1, epoch=1)
+    r = decide(st, stale, topic=topics.out(WL), partition=0, offset=8, append_ms=APPEND_MS,
+               now_ms=APPEND_MS + 5, now_us=1, model_status="ready",
+               request_hash=request_hash(encode(stale)))
+    assert isinstance(r, Refuse) and r.response.request_hash == request_hash(encode(stale))
+    assert decode(encode(ok)) == ok  # on the wire, and covered by the signature
 
 
 def test_same_effect_id_in_flight_is_ignored() -> None:

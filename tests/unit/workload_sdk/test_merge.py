@@ -22,6 +22,7 @@ from broker_schema import (
     canonical_json,
     decode,
     encode,
+    request_hash,
 )
 from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
 from workload_sdk import (
@@ -36,7 +37,7 @@ from workload_sdk import (
     infer,
     replay,
 )
-from workload_sdk._core import Pending
+from workload_sdk._core import Pending, holder_outcome
 from workload_sdk._replay import compare_outputs, missing_outputs, out_slots
 
 
@@ -93,6 +94,37 @@ def test_first_answer_is_delivered_later_ones_are_passed_over_with_reasons() -> 
     stray = core.apply(_item("resp", 3, 9, _resp(_header(99, 0))), epoch=1, spec=spec)
     assert stray.decision.reason == "unknown_effect"
     assert core.state["seen"] == [[h.effect_id, "ok"]]
+
+
+def test_an_answer_to_another_request_with_the_same_effect_id_is_foreign() -> None:
+    """Issue 30, front-running: a stray request written first on ``.out`` with the effect id
+    the step will use next is answered by a genuine executor; that answer names the stray's
+    hash, not the step's request's, so it is passed over (``foreign_request``), its accept
+    starts no lease, and the answer to the step's own request is the one delivered."""
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    req = core.apply(_item("in", 0, 5, _input(3)), epoch=1, spec=spec).outputs[1]
+    assert isinstance(req, EffectRequest)
+    h, own = req.header, request_hash(encode(req))
+    assert core.pending[h.effect_id].request_hash == own
+    stray = req.model_copy(update={"params": {"attacker": True}})
+    theirs = request_hash(encode(stray))
+    acc = AcceptedRecord(effect_id=h.effect_id, header=h, request_offset=0, node_id="e",
+                         lease_ms=100, accepted_us=1, request_hash=theirs)
+    a = core.apply(_item("resp", 0, 6, acc), epoch=1, spec=spec)
+    assert a.decision.reason == "not_an_answer" and core.pending[h.effect_id].accepted_ms is None
+    forged = _resp(h).model_copy(update={"request_hash": theirs})
+    got = core.apply(_item("resp", 1, 7, forged), epoch=1, spec=spec)
+    assert (got.decision.action, got.decision.reason) == ("pass_over", "foreign_request")
+    assert got.entry is not None and got.entry.reason == "foreign_request" and not got.outputs
+    assert h.effect_id in core.pending and core.state["seen"] == []
+    mine = core.apply(_item("resp", 2, 8, _resp(h).model_copy(update={"request_hash": own})),
+                      epoch=1, spec=spec)
+    assert mine.decision.action == "deliver" and core.state["seen"] == [[h.effect_id, "ok"]]
+    # the holder's own timeout/unknown names its request too
+    p = Pending("w/0/1@1", 0, 1, 1, INFERENCE_KIND, deadline_ms=50, request_hash=own)
+    assert holder_outcome(p, request_offset=3, outcome="timeout", holder_id="h",
+                          workload_id="w").request_hash == own
 
 
 def test_answer_after_timeout_is_passed_over_as_after_outcome() -> None:
