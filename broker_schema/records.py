@@ -120,6 +120,11 @@ PassOverReason = Literal[
     # an answer (or accepted) to a request the holder did not write for this effect id: its
     # request_hash is not the hash of the holder's request (a front-running stray's answer)
     "foreign_request",
+    # an executor's answer without a signature, under the spec's ``unsigned = "refuse"``
+    "unsigned",
+    # a signed answer whose signature does not verify with a key the spec's ``signers`` trusts
+    # for the answering node (or from a node it does not list)
+    "untrusted_key",
 ]
 
 
@@ -432,6 +437,19 @@ class SpecRecord(_Model):
     #: left out of the canonical bytes when empty, like ``input_topics``.
     guarantees: dict[EffectKind, Guarantee] = Field(default_factory=dict,
                                                     exclude_if=lambda v: not v)
+    #: What the lease holder does with an executor's answer that carries no signature:
+    #: ``count`` (merge it; the holder counts it, ``fx audit`` reports it) or ``refuse`` (pass
+    #: it over as ``unsigned``: issue 30). ``fx workload spec`` writes ``refuse`` when it
+    #: writes to a secured broker. Left out of the canonical bytes when ``count``.
+    unsigned: Literal["count", "refuse"] = Field(default="count",
+                                                 exclude_if=lambda v: v == "count")
+    #: Node id -> the public keys (:func:`broker_schema.signatures.public_key_text`) whose
+    #: signatures the holder trusts on that node's answers. When set, a signed answer that
+    #: does not verify with one of its node's keys, or from a node not listed, is passed over
+    #: as ``untrusted_key`` (the rule: :func:`broker_schema.signatures.answer_refusal`). Left
+    #: out of the canonical bytes when empty.
+    signers: dict[NodeId, tuple[Annotated[str, Field(max_length=200)], ...]] = Field(
+        default_factory=dict, exclude_if=lambda v: not v, max_length=256)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

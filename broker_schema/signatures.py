@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from broker_schema.canonical import sha256_hex
 
 if TYPE_CHECKING:
-    from broker_schema.records import ResponseRecord
+    from broker_schema.records import ResponseRecord, SpecRecord
 
 __all__ = [
     "ED25519",
@@ -42,6 +42,7 @@ __all__ = [
     "SECP256K1",
     "KeyType",
     "SigningKey",
+    "answer_refusal",
     "key_id",
     "key_type",
     "public_key_from_text",
@@ -254,3 +255,45 @@ def response_signature_problem(response: ResponseRecord, public_key: bytes) -> s
     if not verify(public_key, value, response.signing_bytes()):
         return "the signature does not verify with the key"
     return None
+
+
+#: Outcomes only a lease holder writes (unsigned by design: its transactional producer and the
+#: ACLs on ``.resp`` vouch for them, not a node key).
+_HOLDER_OUTCOMES = ("timeout", "unknown")
+
+
+def answer_refusal(response: ResponseRecord, spec: SpecRecord
+                   ) -> tuple[Literal["unsigned", "untrusted_key"], str] | None:
+    """Why the lease holder must not merge ``response`` under ``spec`` (the pass-over reason
+    and a message for people), or None. Pure; the live holder and replay both ask it (the spec
+    is a fact of the log), so they decide the same.
+
+    - A ``timeout``/``unknown`` without a signature: None (the holder's own outcome).
+    - No signature: ``unsigned`` when ``spec.unsigned`` is ``refuse``.
+    - ``spec.signers`` set: the signature must verify with one of the keys it lists for the
+      answering node (``executor.node_id``, else ``written_by``), else ``untrusted_key``.
+    """
+    sig = response.signature
+    if sig is None:
+        if response.outcome in _HOLDER_OUTCOMES or spec.unsigned != "refuse":
+            return None
+        return "unsigned", "the answer carries no signature and the spec refuses unsigned ones"
+    if not spec.signers:
+        return None
+    node = response.executor.node_id if response.executor is not None else response.written_by
+    keys = spec.signers.get(node)
+    if not keys:
+        return "untrusted_key", f"the spec trusts no key for node {node!r}"
+    problems = []
+    for text in keys:
+        try:
+            raw = public_key_from_text(text)
+        except ValueError as exc:
+            problems.append(f"unusable key in the spec: {exc}")
+            continue
+        problem = response_signature_problem(response, raw)
+        if problem is None:
+            return None
+        problems.append(problem)
+    return "untrusted_key", f"not signed by a key the spec trusts for node {node!r}: " + (
+        "; ".join(problems))

@@ -52,6 +52,7 @@ from broker_schema import (
 )
 from broker_schema.chunks import check_chunk, chunk_ref_of
 from broker_schema.refs import chunk_owner, ref_problem
+from broker_schema.signatures import answer_refusal
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -358,7 +359,7 @@ class Core:
         parsed = _parse_effect_id(effect_id)
         return parsed is not None and parsed[0] == self.workload_id and parsed[1] >= self.seq
 
-    def classify(self, item: Item) -> Decision:
+    def classify(self, item: Item, spec: SpecRecord | None = None) -> Decision:
         """Deliver or pass over ``item``, without changing anything.
 
         Inputs are always delivered. On ``.resp``: a tick is skipped; an ``accepted`` is passed
@@ -366,7 +367,9 @@ class Core:
         merged is the one the step sees) when it answers the request the step issued (its
         ``request_hash``), else it is a ``foreign_request``; one for an effect that ended in
         ``timeout`` or ``unknown`` is ``after_outcome``; one for another of this workload's
-        past slots is a ``duplicate``; anything else is an ``unknown_effect``.
+        past slots is a ``duplicate``; anything else is an ``unknown_effect``. Given the
+        ``spec`` in force, an answer it does not trust (:func:`broker_schema.signatures.
+        answer_refusal`: ``unsigned``, ``untrusted_key``) is passed over too.
         """
         record = item.record
         if isinstance(record, InputRecord):
@@ -379,6 +382,9 @@ class Core:
         if effect_id in self.pending:
             if not self.pending[effect_id].answers_it(record):
                 return Decision("pass_over", "foreign_request", effect_id)
+            refused = None if spec is None else answer_refusal(record, spec)
+            if refused is not None:
+                return Decision("pass_over", refused[0], effect_id)
             return Decision("deliver", None, effect_id)
         if effect_id in self.guessed:
             return Decision("pass_over", "after_outcome", effect_id)
@@ -411,7 +417,7 @@ class Core:
         """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
         output records to write. Raises :class:`WorkloadError` when the step breaks a rule, and
         :class:`RefGap` when the step may read a referenced body the shell did not resolve."""
-        decision = self.classify(item)
+        decision = self.classify(item, spec)
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
             return Applied(decision, None)

@@ -242,13 +242,14 @@ def replay(
         if record.seq != core.seq:
             raise ReplayError(offset, f"entry has seq {record.seq}, the fold is at {core.seq}")
         item = _item(log, record, trusted=trust_log)
-        decision = core.classify(item)
+        spec = specs(record.epoch, core.seq)
+        decision = core.classify(item, spec)
         if (decision.action, decision.reason) != (record.action, record.reason):
             recorded = f"{record.action}/{record.reason or '-'}"
             decided = f"{decision.action}/{decision.reason or '-'}"
             raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
                               f"{record.source_offset}, the fold decides {decided}")
-        applied = _apply(core, log, item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
+        applied = _apply(core, log, item, epoch=record.epoch, spec=spec)
         result.entries += 1
         result.last_epoch = record.epoch
         if applied.decision.action == "deliver":
@@ -352,7 +353,7 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
         if isinstance(record, SnapshotRecord):
             continue
         item = _item(log, record)
-        decision = core.classify(item)
+        decision = core.classify(item, specs(record.epoch, core.seq))
         if decision.action == "deliver" and record.action != "deliver":
             report.kind = "request_divergence"
             report.detail = (f"at seq {record.seq} the recorded fold passed over "

@@ -43,7 +43,7 @@ from fx_kafka.client import make_producer
 from fx_kafka.security import child_env
 from fx_kafka.workload import ensure_workload_topics
 from workload_sdk._api import body_of, module_hash
-from workload_sdk._kafka_io import read_workload_log
+from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._logview import WorkloadLog
 
@@ -88,6 +88,7 @@ class WorkloadHarness:
         self.bootstrap = bootstrap
         self.workload_id = topics.check_workload_id(workload_id)
         self.module = module
+        spec_fields.setdefault("unsigned", default_unsigned_policy())
         self.spec = SpecRecord(workload_id=workload_id,
                                module_hash=module_hash(load_workload(module)),
                                effect_kinds=tuple(effect_kinds), models=dict(models or {}),

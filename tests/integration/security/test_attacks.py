@@ -9,29 +9,53 @@ its own holder and producer user.
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
 from aiokafka.protocol.admin import DeleteRecordsRequest, DeleteTopicsRequest
 
-from broker_schema import SpecRecord, encode, topics
+from broker_schema import (
+    INFERENCE_KIND,
+    EffectRequest,
+    ExecutorInfo,
+    MergeEntry,
+    OutputRecord,
+    ResponseRecord,
+    Signature,
+    SpecRecord,
+    decode,
+    encode,
+    encode_signed,
+    request_hash,
+    topics,
+)
 from broker_schema.records import InlineBody, InputRecord
+from broker_schema.signatures import SigningKey
 from executor.core import input_problem
 from fx_kafka.acl import Operation, PatternType, ResourceType, Roles, apply_acls, plan_acls
 from fx_kafka.client import make_admin, make_producer
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from workload_sdk import WorkloadLog, replay
 from workload_sdk._kafka_io import read_topic
+from workload_sdk._replay import compare_outputs
+from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
+from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
-WA, WB = "atka", "atkb"
-USERS = ("holder-a", "holder-b", "producer-a", "producer-b")
+WA, WB, WC = "atka", "atkb", "atkc"
+USERS = ("holder-a", "holder-b", "producer-a", "producer-b", "holder-c", "producer-c")
 ROLES = {WA: Roles(holder="holder-a", producer="producer-a"),
-         WB: Roles(holder="holder-b", producer="producer-b")}
+         WB: Roles(holder="holder-b", producer="producer-b"),
+         WC: Roles(holder="holder-c", producer="producer-c")}
+MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
+FAKE_MODEL = "sha256:" + "f" * 64
 MODULE_HASH = "sha256:" + "0" * 64
 _TOPIC_AUTHORIZATION_FAILED = 29
 _TOPIC_DELETION_DISABLED = 73
@@ -48,7 +72,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 
         async def setup() -> None:
             with use_security(admin):
-                for wid in (WA, WB):
+                for wid in (WA, WB, WC):
                     await ensure_workload_topics(broker.bootstrap, wid)
                 await ensure_system_topics(broker.bootstrap)
             for wid, roles in ROLES.items():
@@ -168,3 +192,71 @@ async def test_every_delete_cell_no_topic_is_deleted_and_records_only_where_plan
         assert set(names) <= set(await admin.list_topics())
     finally:
         await admin.close()
+
+
+# -- 3. signed or refused ---------------------------------------------------------------------
+def _answer(req: EffectRequest, node: str, label: str, key: SigningKey | None) -> bytes:
+    response = ResponseRecord(
+        effect_id=req.effect_id, header=req.header, request_offset=0, outcome="ok",
+        output=InlineBody.of_json({"label": label}), model_hash=req.model,
+        executor=ExecutorInfo(node_id=node, engine="forged", engine_version="0",
+                              device_class="cpu"),
+        written_by=node, request_hash=request_hash(encode(req)))
+    if key is None:
+        return encode(response)
+    return encode_signed(response, lambda data: Signature(
+        alg=key.key_type, key_id=key.key_id, value=base64.b64encode(key.sign(data)).decode()))[1]
+
+
+async def test_unsigned_and_untrusted_answers_are_passed_over(
+    kafka: LocalKafka, tmp_path: Path,
+) -> None:
+    """Attack 3: with an executor credential (any executor may write every workload's
+    ``.resp``), 5 of 5 forged unsigned answers reached the step. On a secured broker the spec
+    now says ``unsigned = "refuse"`` by default, and its ``signers`` name the key trusted for
+    each node: an unsigned answer, and one signed by another key, are passed over with their
+    reasons; the answer signed by the trusted node's key is the one the step sees."""
+    bootstrap = kafka.bootstrap
+    trusted, rogue = SigningKey.generate(), SigningKey.generate()
+    operator = kafka.security_for("operator")
+    with use_security(operator):
+        async with WorkloadHarness(bootstrap, WC, MODULE, effect_kinds=(INFERENCE_KIND,
+                                                                         GATE_KIND),
+                                   models={"filetype": FAKE_MODEL}, log_dir=tmp_path,
+                                   signers={"exec-trusted": (trusted.public_key_b64,)}) as h:
+            assert h.spec.unsigned == "refuse"  # the default on a secured broker
+            with use_security(kafka.security_for("holder-c")):
+                holder = h.start_holder("holder-c")
+            record = InputRecord(workload_id=WC, body=InlineBody.of_json({"file": 1}))
+            await _send(bootstrap, kafka.security_for("producer-c"), topics.inputs(WC),
+                        encode(record))
+            log = await h.wait_for(lambda lg: bool(h.requests(lg, INFERENCE_KIND)), timeout=60,
+                                   what="the holder's request")
+            (_, req), = h.requests(log, INFERENCE_KIND)
+            executor = kafka.security_for("executor")
+            forged = [_answer(req, "mallory", "pdf", None),
+                      _answer(req, "exec-trusted", "pdf", None),
+                      _answer(req, "exec-trusted", "pdf", rogue),
+                      _answer(req, "mallory", "pdf", trusted)]
+            offsets = [await _send(bootstrap, executor, topics.resp(WC), v) for v in forged]
+            genuine = await _send(bootstrap, executor, topics.resp(WC),
+                                  _answer(req, "exec-trusted", "txt", trusted))
+
+            def merged(lg: WorkloadLog) -> bool:
+                return any(isinstance(e, MergeEntry) and e.source_offset == genuine
+                           and e.source == "resp" for e in (decode(r.value) for r in lg["merge"]))
+
+            log = await h.wait_for(merged, timeout=60, what="the genuine answer merged")
+            assert holder.poll() is None, (tmp_path / "holder-holder-c.log").read_text()[-3000:]
+            assert h.stop(holder) == 0
+    entries = {e.source_offset: e for e in (decode(r.value) for r in log["merge"])
+               if isinstance(e, MergeEntry) and e.source == "resp"}
+    assert [entries[o].reason for o in offsets] == [
+        "unsigned", "unsigned", "untrusted_key", "untrusted_key"]
+    assert entries[genuine].action == "deliver"
+    labels = [o.body.data["label"] for o in (decode(r.value) for r in log["out"])
+              if isinstance(o, OutputRecord) and isinstance(o.body, InlineBody)
+              and isinstance(o.body.data, dict) and "label" in o.body.data]
+    assert labels == ["txt"], labels
+    # replay (from the log alone) decides the same
+    assert compare_outputs(replay(FiletypeGate(), log, use_snapshots=False), log) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from typing import Any
 
@@ -18,12 +19,14 @@ from broker_schema import (
     InputRecord,
     MergeEntry,
     ResponseRecord,
+    Signature,
     TickRecord,
     canonical_json,
     decode,
     encode,
     request_hash,
 )
+from broker_schema.signatures import SigningKey, answer_refusal
 from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
 from workload_sdk import (
     Core,
@@ -125,6 +128,41 @@ def test_an_answer_to_another_request_with_the_same_effect_id_is_foreign() -> No
     p = Pending("w/0/1@1", 0, 1, 1, INFERENCE_KIND, deadline_ms=50, request_hash=own)
     assert holder_outcome(p, request_offset=3, outcome="timeout", holder_id="h",
                           workload_id="w").request_hash == own
+
+
+def _signed(response: ResponseRecord, key: SigningKey) -> ResponseRecord:
+    sig = Signature(alg=key.key_type, key_id=key.key_id,
+                    value=base64.b64encode(key.sign(response.signing_bytes())).decode())
+    return response.model_copy(update={"signature": sig})
+
+
+def test_unsigned_refuse_and_signers_pass_untrusted_answers_over() -> None:
+    """Issue 30, attack 3: under ``unsigned = "refuse"`` an executor's answer without a
+    signature is passed over (``unsigned``); with ``signers``, one signed by a key the spec does
+    not trust for its node (or by a node it does not list) is ``untrusted_key``; the holder's
+    own timeout is merged; replay decides the same from the log."""
+    trusted, rogue = SigningKey.generate(), SigningKey.generate()
+    spec = make_spec().model_copy(update={"unsigned": "refuse",
+                                          "signers": {"e": (trusted.public_key_b64,)}})
+    assert decode(encode(spec)) == spec
+    core = Core.initial(Asker(), WID)
+    h = core.apply(_item("in", 0, 5, _input(1)), epoch=1, spec=spec).outputs[1].header
+    cases = [(_resp(h), "unsigned"), (_signed(_resp(h), rogue), "untrusted_key"),
+             (_signed(_resp(h).model_copy(update={"written_by": "other"}), trusted),
+              "untrusted_key")]
+    for offset, (answer, reason) in enumerate(cases):
+        got = core.apply(_item("resp", offset, 6 + offset, answer), epoch=1, spec=spec)
+        assert (got.decision.action, got.decision.reason) == ("pass_over", reason), reason
+        assert answer_refusal(answer, spec) is not None
+    assert core.state["seen"] == []
+    good = core.apply(_item("resp", 9, 20, _signed(_resp(h), trusted)), epoch=1, spec=spec)
+    assert good.decision.action == "deliver" and core.state["seen"] == [[h.effect_id, "ok"]]
+    # the holder's own timeout: unsigned by design, merged under the policy
+    timeout = ResponseRecord(effect_id=_header(0).effect_id, header=_header(0), request_offset=0,
+                             outcome="timeout", written_by="holder")
+    assert answer_refusal(timeout, spec) is None
+    # the default policy counts and merges
+    assert answer_refusal(_resp(h), make_spec()) is None
 
 
 def test_answer_after_timeout_is_passed_over_as_after_outcome() -> None:
