@@ -785,7 +785,9 @@ class KeyRevokeRecord(_Model):
 
 #: Why a record was rejected: a decode error code, or ``wrong_workload`` (a request whose header
 #: names another workload than the topic it is on).
-RejectCode = DecodeCode | Literal["wrong_workload"]
+#: ``epoch_jump``: a claim whose epoch is too far above the highest accepted before it
+#: (:func:`broker_schema.binding.claim_problem`).
+RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump"]
 
 
 class ShadowEvalRecord(_Model):

@@ -41,7 +41,7 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from broker_schema.binding import shadow_models, spec_in_force
+from broker_schema.binding import claim_problem, shadow_models, spec_in_force
 from broker_schema.records import (
     AcceptedRecord,
     Body,
@@ -240,8 +240,15 @@ class ExecutorState:
         """The view of ``workload_id`` (created empty on first use)."""
         return self.workloads.setdefault(workload_id, WorkloadView())
 
+    def claim_refused(self, claim: ClaimRecord) -> str | None:
+        """Why ``claim`` (read next on its workload's ``.claims``) is refused, or None: its
+        epoch is too far above the highest seen (:func:`broker_schema.binding.claim_problem`).
+        A refused claim is not observed; the service writes it to ``sys.rejects``."""
+        return claim_problem(claim, self.workload(claim.workload_id).highest_epoch)
+
     def observe_claim(self, claim: ClaimRecord) -> bool:
-        """Record a lease claim; True when it raised the workload's highest epoch."""
+        """Record a lease claim; True when it raised the workload's highest epoch. The caller
+        asks :meth:`claim_refused` first."""
         view = self.workload(claim.workload_id)
         if claim not in view.claims:
             view.claims.append(claim)

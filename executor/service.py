@@ -266,7 +266,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         await self._side.start()
         self._sync = ClaimsSpecReader(
             self.state, self._side, self._probe,
-            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc())
+            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc(),
+            on_rejected=self._reject_claim)
         preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
         for model_hash in preload:
             try:
@@ -766,6 +767,10 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         while (self.state.queue_depth(kind) >= limit and not self._stopping
                and time.monotonic() < give_up):
             await asyncio.sleep(0.01)
+
+    def _reject_claim(self, msg: Any, code: RejectCode, detail: str) -> None:
+        """A claim refused by the claims reader (``epoch_jump``): to ``sys.rejects``."""
+        self._spawn(self._reject(msg, code, detail))
 
     async def _reject(self, msg: Any, code: RejectCode, detail: str) -> None:
         self.metrics.rejected.labels(code).inc()

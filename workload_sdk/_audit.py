@@ -89,6 +89,7 @@ from broker_schema import (
     TickRecord,
     decode,
 )
+from broker_schema.binding import claim_problem
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import Core
 from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
@@ -300,10 +301,14 @@ class _Claims:
 
 
 def _read_claims(rd: _Reader, log: WorkloadLog) -> _Claims:
+    """The claims every reader goes by: one too far above the highest before it
+    (:func:`broker_schema.binding.claim_problem`) is left out (``epochs`` reports it)."""
     found = []
+    highest = 0
     for rec, record in rd.records(log["claims"]):
-        if isinstance(record, ClaimRecord):
+        if isinstance(record, ClaimRecord) and claim_problem(record, highest) is None:
             found.append((rec.offset, rec.time_ms, record))
+            highest = max(highest, record.epoch)
     return _Claims(found)
 
 
@@ -468,6 +473,12 @@ def _check_epochs(rd: _Reader, log: WorkloadLog, claims: _Claims, inv: Invariant
         if isinstance(record, DecodeError) or not isinstance(record, ClaimRecord):
             found = record.code if isinstance(record, DecodeError) else record.kind
             inv.violate(claims_view.topic, rec.offset, f"not a claim ({found})")
+            continue
+        refused = claim_problem(record, 0 if highest is None else highest[0])
+        if refused is not None:
+            # not the holder's doing: every reader refuses it and goes on (issue 30)
+            inv.violate(claims_view.topic, rec.offset, f"refused claim, ignored by every "
+                        f"reader: {refused}")
             continue
         if record.from_seq is not None:
             # a spec adoption (broker_schema.binding): a claim of the current epoch by its own

@@ -89,7 +89,7 @@ from broker_schema import (
     record_hash,
     topics,
 )
-from broker_schema.binding import switch_problem
+from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
 from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
@@ -292,14 +292,22 @@ def _highest(claims: list[ClaimRecord]) -> ClaimRecord | None:
 
 
 def _claims_of(view: Any) -> list[ClaimRecord]:
+    """The claims on ``.claims`` every reader goes by (:func:`broker_schema.binding.
+    accepted_claims`): one too far above the highest before it is logged and left out."""
     claims: list[ClaimRecord] = []
+    highest = 0
     for rec in view:
         try:
             record = decode(rec.value)
         except DecodeError:
             continue
         if isinstance(record, ClaimRecord):
+            problem = claim_problem(record, highest)
+            if problem is not None:
+                log.warning("refused claim at %s@%d: %s", view.topic, rec.offset, problem)
+                continue
             claims.append(record)
+            highest = max(highest, record.epoch)
     return claims
 
 
@@ -374,15 +382,20 @@ class LeaseHolder:
         self._sig_pending: list[tuple[int, ResponseRecord]] = []
         self._sig_wake = asyncio.Event()
         self._sig_said: dict[tuple[str, str], tuple[float, int]] = {}
+        #: why this holder cannot go on now (e.g. no epoch left to claim), for ``/readyz``
+        self.problem: str | None = None
 
     def status(self) -> dict[str, Any]:
         """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
         role (``leader`` or ``starting``: claiming, resuming, or restarting from the log after
         a broker outage), the epoch and the next merge seq."""
         ready = self.ready.is_set()
-        return {"ready": ready, "role": "leader" if ready else "starting",
+        body = {"ready": ready, "role": "leader" if ready else "starting",
                 "workload": self.config.workload_id, "holder_id": self.config.holder_id,
                 "epoch": self.epoch, "seq": None if self.core is None else self.core.seq}
+        if self.problem is not None:
+            body["problem"] = self.problem
+        return body
 
     # -- start-up ------------------------------------------------------------------------------
     async def _latest_spec(self) -> tuple[int, SpecRecord]:
@@ -431,8 +444,19 @@ class LeaseHolder:
                          self.epoch, spec_offset)
                 self._lease_held(True)
                 return
-        highest = max((c.epoch for c in claims), default=0)
-        self.epoch = highest + 1
+        epoch = next_epoch(claims)
+        while epoch is None:
+            # every epoch is taken (the highest accepted claim is MAX_EPOCH): no claim of this
+            # holder can win; say so (/readyz, the log) and look again, never crash
+            self.problem = (f"cannot win an epoch of {cfg.workload_id}: the highest claim on "
+                            f"{topics.claims(cfg.workload_id)} is epoch {MAX_EPOCH}, the "
+                            "highest there is")
+            log.error("%s (looking again in 5 s)", self.problem)
+            await asyncio.sleep(5.0)
+            claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
+            epoch = next_epoch(claims)
+        self.problem = None
+        self.epoch = epoch
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
                             forced=tuple(forced or ()))

@@ -5,6 +5,13 @@ from __future__ import annotations
 import pytest
 
 from broker_schema import decode, encode, request_hash, topics
+from broker_schema.binding import (
+    MAX_EPOCH,
+    MAX_EPOCH_STEP,
+    accepted_claims,
+    epoch_after,
+    next_epoch,
+)
 from broker_schema.records import (
     INFERENCE_KIND,
     BindingSwitch,
@@ -114,6 +121,26 @@ def test_claims_only_raise_the_epoch() -> None:
     assert not st.observe_claim(claim(WL, 3))
     assert st.workload(WL).highest_epoch == 5
     assert refusal_code(run(st, request(WL, M1, epoch=4))) == "stale_epoch"
+
+
+def test_a_claim_too_far_ahead_is_refused_by_every_reader_alike() -> None:
+    """Issue 30, attack 4: one claim of epoch 2^53 - 1 made every request stale_epoch and a
+    restarted holder crash (it claimed 2^53). A claim more than MAX_EPOCH_STEP above the highest
+    accepted before it is refused (the executor writes it to sys.rejects); the next epoch is
+    counted from the accepted ones; with none left, there is no next epoch (never 2^53)."""
+    st = state()  # highest claim 2
+    giant = claim(WL, MAX_EPOCH)
+    assert st.claim_refused(giant) is not None
+    assert st.claim_refused(claim(WL, 2 + MAX_EPOCH_STEP)) is None
+    assert st.workload(WL).highest_epoch == 2
+    assert isinstance(run(st, request(WL, M1, epoch=2)), Admit)
+    log = [claim(WL, 1), giant, claim(WL, 2), claim(WL, 5000), claim(WL, 3)]
+    assert [c.epoch for c in accepted_claims(log)] == [1, 2, 3]
+    assert next_epoch(log) == 4 and next_epoch([]) == 1
+    # a giant first claim is refused too (the bound counts from 0)
+    assert accepted_claims([claim(WL, MAX_EPOCH - 1), claim(WL, MAX_EPOCH)]) == []
+    # reached a bound at a time, the last epoch leaves none to claim: None, never 2^53
+    assert epoch_after(MAX_EPOCH - 1) == MAX_EPOCH and epoch_after(MAX_EPOCH) is None
 
 
 def test_no_spec() -> None:
