@@ -26,6 +26,7 @@ __all__ = [
     "claim_in_force",
     "claim_problem",
     "epoch_after",
+    "epoch_refused",
     "next_epoch",
     "shadow_models",
     "shadow_spec",
@@ -46,10 +47,16 @@ MAX_EPOCH_STEP = 1_000
 def claim_problem(claim: ClaimRecord, highest: int) -> str | None:
     """Why ``claim`` is refused after claims up to epoch ``highest`` (0: none) were accepted,
     or None. Pure."""
-    if claim.epoch > highest + MAX_EPOCH_STEP:
+    if epoch_refused(claim.epoch, highest):
         return (f"claim of epoch {claim.epoch} by {claim.holder_id!r} is more than "
                 f"{MAX_EPOCH_STEP} above the highest claim accepted before it ({highest})")
     return None
+
+
+def epoch_refused(epoch: int, highest: int) -> bool:
+    """Whether a claim of ``epoch`` is refused after claims up to ``highest`` were accepted
+    (the rule of :func:`claim_problem`, for readers that hold only the epoch)."""
+    return epoch > highest + MAX_EPOCH_STEP
 
 
 def accepted_claims(claims: Iterable[ClaimRecord]) -> list[ClaimRecord]:

@@ -786,8 +786,9 @@ class KeyRevokeRecord(_Model):
 #: Why a record was rejected: a decode error code, or ``wrong_workload`` (a request whose header
 #: names another workload than the topic it is on).
 #: ``epoch_jump``: a claim whose epoch is too far above the highest accepted before it
-#: (:func:`broker_schema.binding.claim_problem`).
-RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump"]
+#: (:func:`broker_schema.binding.claim_problem`); ``foreign_tick``: a tick on ``.resp`` that
+#: the holder of its epoch did not write (the lease holder's reject).
+RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump", "foreign_tick"]
 
 
 class ShadowEvalRecord(_Model):

@@ -31,6 +31,7 @@ from broker_schema import (
     decode,
     topics,
 )
+from broker_schema.binding import epoch_refused
 
 #: The workload streams in the order a timeline lists records appended in the same millisecond.
 STREAM_ORDER = topics.STREAMS
@@ -130,6 +131,12 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     except DecodeError as exc:
         return Row(**base, kind="undecodable", outcome="undecodable",  # type: ignore[arg-type]
                    summary=short(str(exc), 120))
+    allowed = topics.STREAM_KINDS.get(stream)
+    if allowed is not None and rec.kind not in allowed:
+        # every reader reads only its own stream's kinds: a claim on .in names no holder
+        return Row(**base, kind=rec.kind, outcome="wrong_stream",  # type: ignore[arg-type]
+                   summary=f"a {rec.kind} record does not belong on .{stream} (it holds "
+                   f"{', '.join(sorted(allowed))}): ignored by every reader")
     if isinstance(rec, InputRecord):
         return Row(**base, kind="input", who=rec.source,  # type: ignore[arg-type]
                    summary=_body_text(rec.body))
@@ -317,8 +324,14 @@ def summarize(workload_id: str, rows: Iterable[Row],
     for row in rows:
         out.records += 1
         out.last_ms = row.time_ms if out.last_ms is None else max(out.last_ms, row.time_ms)
-        if row.kind == "claim" and (out.epoch is None or (row.epoch or 0) >= out.epoch):
-            out.epoch, out.holder = row.epoch, row.who
+        if row.kind == "claim":
+            # the holder comes from .claims only, and from a claim every reader accepts
+            # (broker_schema.binding: not too far above the highest before it)
+            if (row.stream == "claims" and row.outcome != "wrong_stream"
+                    and row.epoch is not None
+                    and not epoch_refused(row.epoch, out.epoch or 0)
+                    and (out.epoch is None or row.epoch >= out.epoch)):
+                out.epoch, out.holder = row.epoch, row.who
         elif row.kind == "request" and row.effect_id:
             asked.add(row.effect_id)
             kind_of[row.effect_id] = row.effect_kind or "?"

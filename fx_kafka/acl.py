@@ -191,6 +191,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # the node key history, for its signature checks with a fleet key (read only)
         out += _grant(_user(roles.holder), T, topics.KEYS, LIT, R, D)
         out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
+        # its rejects: a tick on .resp that the holder of its epoch did not write
+        out += _grant(_user(roles.holder), T, topics.REJECTS, LIT, W, D, C)
         # its metrics: the executors' and gateways' committed offsets on .out (list and
         # fetch offsets; DESCRIBE reads, it never joins or commits)
         out += _grant(_user(roles.holder), G, f"{roles.executor_group_prefix}.", PRE, D)

@@ -639,6 +639,20 @@ def holder_outcome(p: Pending, *, request_offset: int, outcome: Literal["timeout
                           outcome=outcome, written_by=holder_id, request_hash=p.request_hash)
 
 
+def tick_problem(tick: TickRecord, holders: Mapping[int, str]) -> str | None:
+    """Why ``tick`` (read on ``.resp``) is not the lease holder's, or None: ``holders`` maps
+    each claimed epoch to its holder id (from ``.claims``), and a tick names an epoch and the
+    holder of it. A tick written by anyone else is rejected (the holder logs it and writes it to
+    ``sys.rejects``, never takes it as its clock). Pure."""
+    holder = holders.get(tick.epoch)
+    if holder is None:
+        return f"tick of epoch {tick.epoch}, which no claim names"
+    if holder != tick.holder_id:
+        return (f"tick of epoch {tick.epoch} names holder {tick.holder_id!r}; the epoch's "
+                f"holder is {holder!r}")
+    return None
+
+
 def pending_summary(core: Core) -> list[dict[str, Any]]:
     """The pending effects as plain dicts (for printing)."""
     return [asdict(p) for p in core.pending.values()]

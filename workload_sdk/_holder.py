@@ -80,6 +80,7 @@ from broker_schema import (
     EffectRequest,
     FactsRecord,
     InputRecord,
+    RejectedRecord,
     ResponseRecord,
     SnapshotRecord,
     SpecRecord,
@@ -87,6 +88,7 @@ from broker_schema import (
     decode,
     encode,
     record_hash,
+    sha256_hex,
     topics,
 )
 from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
@@ -95,6 +97,7 @@ from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
     check_workload_topics,
     ensure_alarms_topic,
+    ensure_rejects_topic,
     ensure_workload_topics,
 )
 from workload_sdk._api import Workload, module_hash
@@ -105,6 +108,7 @@ from workload_sdk._core import (
     describe_ref,
     next_due_ms,
     referenced_body,
+    tick_problem,
 )
 from workload_sdk._kafka_io import read_facts, read_facts_since, read_resume_log, read_topic
 from workload_sdk._logview import RefGap
@@ -253,6 +257,8 @@ class HolderStats:
     signature_failures: int = 0
     #: Responses left unchecked because the checks fell too far behind (logged).
     signatures_unchecked: int = 0
+    #: ticks on ``.resp`` not written by their epoch's holder (rejected to ``sys.rejects``)
+    foreign_ticks: int = 0
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
 
@@ -384,6 +390,11 @@ class LeaseHolder:
         self._sig_said: dict[tuple[str, str], tuple[float, int]] = {}
         #: why this holder cannot go on now (e.g. no epoch left to claim), for ``/readyz``
         self.problem: str | None = None
+        #: epoch -> its holder id, from ``.claims`` (whose ticks are the holder's own)
+        self._epoch_holders: dict[int, str] = {}
+        #: rejects to write to ``sys.rejects`` (ticks not written by their epoch's holder)
+        self._rejects: list[RejectedRecord] = []
+        self._rejects_topic = False
 
     def status(self) -> dict[str, Any]:
         """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
@@ -428,6 +439,7 @@ class LeaseHolder:
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
         self._holder_ids.update(c.holder_id for c in claims)  # whose timeouts are unsigned
+        self._epoch_holders = {c.epoch: c.holder_id for c in claims if c.from_seq is None}
         if rejoin is not None:
             try:
                 kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
@@ -457,6 +469,7 @@ class LeaseHolder:
             epoch = next_epoch(claims)
         self.problem = None
         self.epoch = epoch
+        self._epoch_holders[epoch] = cfg.holder_id
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
                             forced=tuple(forced or ()))
@@ -963,6 +976,12 @@ class LeaseHolder:
                         core.positions[source] = max(core.positions[source], msg.offset + 1)
             if responses and cfg.check_signatures:
                 self._check_signatures(responses)
+            if self._rejects:
+                rejects, self._rejects = self._rejects, []
+                if not self._rejects_topic:
+                    await ensure_rejects_topic(cfg.bootstrap)
+                    self._rejects_topic = True
+                await self._write([(topics.REJECTS, encode(r)) for r in rejects])
             await self._merge_available(bufs)
             self._inputs_waiting = bool(bufs["in"])
             await self._judge_and_tick()
@@ -1014,9 +1033,28 @@ class LeaseHolder:
             return None
         if source == "resp":
             self._observe_clock(msg.timestamp)
+            if isinstance(record, TickRecord):
+                problem = tick_problem(record, self._epoch_holders)
+                if problem is not None:
+                    self._reject_tick(msg, problem)
+                    return None
             if isinstance(record, AcceptedRecord):
                 self._accepted_by[record.effect_id] = record.node_id
         return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
+
+    def _reject_tick(self, msg: Any, problem: str) -> None:
+        """A tick its epoch's holder did not write: logged, counted and queued for
+        ``sys.rejects`` (written by :meth:`_loop` after the read), never taken as the clock."""
+        wid = self.config.workload_id
+        log.warning("rejected tick at %s@%d: %s", msg.topic, msg.offset, problem)
+        self.stats.foreign_ticks += 1
+        if self.metrics is not None:
+            self.metrics.skipped(wid, "foreign_tick")
+        value = msg.value or b""
+        self._rejects.append(RejectedRecord(
+            topic=msg.topic, partition=msg.partition, offset=msg.offset, code="foreign_tick",
+            detail=problem[:4096], size=len(value), value_hash=sha256_hex(value),
+            seen_by=self.config.holder_id))
 
     async def _resolved(self, item: Item, topic: str, stop: asyncio.Event,
                         merge_buffered: Callable[[], Awaitable[None]]) -> Item | None:

@@ -40,7 +40,7 @@ from workload_sdk import (
     infer,
     replay,
 )
-from workload_sdk._core import Pending, holder_outcome
+from workload_sdk._core import Pending, holder_outcome, tick_problem
 from workload_sdk._replay import compare_outputs, missing_outputs, out_slots
 
 
@@ -550,3 +550,14 @@ def test_the_holder_round_does_not_depend_on_how_it_is_cut_into_batches(
     whole = run([10**6], resps)
     assert run(sizes, resps) == whole
     assert run([1], resps) == whole
+
+
+def test_a_tick_is_the_holders_only_when_it_names_its_epochs_holder() -> None:
+    """Issue 30: ticks from another writer than the epoch's holder are rejected (the shell
+    writes them to sys.rejects and never takes them as its clock)."""
+    holders = {1: "h1", 2: "h2"}
+    assert tick_problem(TickRecord(workload_id=WID, epoch=2, holder_id="h2"), holders) is None
+    assert "names holder 'mallory'" in (tick_problem(
+        TickRecord(workload_id=WID, epoch=2, holder_id="mallory"), holders) or "")
+    assert "no claim names" in (tick_problem(
+        TickRecord(workload_id=WID, epoch=7, holder_id="h2"), holders) or "")
