@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,7 +48,7 @@ from workload_sdk import WorkloadLog, replay
 from workload_sdk._kafka_io import read_topic
 from workload_sdk._replay import compare_outputs
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness
+from workload_sdk.testing import WorkloadHarness, fx_command
 
 pytestmark = pytest.mark.integration
 
@@ -260,3 +263,33 @@ async def test_unsigned_and_untrusted_answers_are_passed_over(
     assert labels == ["txt"], labels
     # replay (from the log alone) decides the same
     assert compare_outputs(replay(FiletypeGate(), log, use_snapshots=False), log) == []
+
+
+# -- 7. config mistakes refused --------------------------------------------------------------
+def test_a_misplaced_security_table_stops_the_executor_at_start(
+    kafka: LocalKafka, tmp_path: Path,
+) -> None:
+    """Attack 7: a top-level ``[kafka_security]`` beside ``[executor]`` was ignored (logged as
+    ``{}``); the executor connected to the secured broker in plaintext and exited after 30 s.
+    It is refused at start now, naming where the table belongs."""
+    executor = kafka.security_for("executor")
+    assert executor.ca_file is not None and executor.password is not None
+    password_file = tmp_path / "password"
+    password_file.write_text(executor.password)
+    config = tmp_path / "executor.toml"
+    config.write_text(
+        f'[executor]\nnode_id = "exec-misplaced"\nbootstrap = "{kafka.bootstrap}"\n'
+        f'key_file = "{tmp_path / "node.key"}"\nchunk_dir = "{tmp_path / "chunks"}"\n'
+        'http_port = 0\n\n'
+        '[kafka_security]\nsecurity_protocol = "SASL_SSL"\nsasl_mechanism = "SCRAM-SHA-512"\n'
+        f'sasl_username = "executor"\nsasl_password_file = "{password_file}"\n'
+        f'ca_file = "{executor.ca_file}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_KAFKA_")}
+    t0 = time.monotonic()
+    done = subprocess.run([*fx_command(), "executor", "run", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    took = time.monotonic() - t0
+    assert done.returncode != 0, done.stdout[-2000:]
+    said = done.stdout + done.stderr
+    assert "belongs in [executor] (write it as [executor.kafka_security])" in said, said[-2000:]
+    assert took < 25, took
