@@ -630,3 +630,43 @@ def node_facts(facts: Iterable[FactsRecord], now_us: int | None = None) -> list[
             list(f.accelerators), f.key_id, f.updated_us,
             None if now_us is None else round((now_us - f.updated_us) / 1e6, 1)))
     return out
+
+
+# ------------------------------------------------------------------------- request guards
+#: Host names the console answers to by default: the loopback ones (it has no login).
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def host_problem(host: str | None, allowed: Sequence[str]) -> str | None:
+    """Why a request whose ``Host`` header is ``host`` is refused, or None: its name (the port
+    aside) must be one of ``allowed`` (a DNS-rebinding page that reaches the console through a
+    name of its own is turned away, issue 30). Pure."""
+    if not host:
+        return "the request has no Host header"
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[:name.find("]") + 1] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    if name in {a.lower() for a in allowed}:
+        return None
+    return f"Host {host[:100]!r} is not one this console answers to ({', '.join(allowed)})"
+
+
+def origin_problem(method: str, host: str | None, origin: str | None,
+                   fetch_site: str | None) -> str | None:
+    """Why a request that changes something (any method but GET, HEAD, OPTIONS) is refused as
+    cross-origin, or None: an ``Origin`` header must name this console's own ``Host``, and a
+    browser's ``Sec-Fetch-Site`` must not say ``cross-site`` (issue 30: a page elsewhere could
+    make the browser POST to verify). Pure."""
+    if method.upper() in ("GET", "HEAD", "OPTIONS"):
+        return None
+    if fetch_site is not None and fetch_site.lower() == "cross-site":
+        return "a cross-site request may not change anything here"
+    if origin is not None and origin != "null":
+        _, _, rest = origin.partition("://")
+        if rest.rstrip("/").lower() != (host or "").lower():
+            return f"Origin {origin[:100]!r} is not this console ({host!r})"
+    elif origin == "null":
+        return "a request from an opaque origin may not change anything here"
+    return None

@@ -35,6 +35,7 @@ applied (:func:`broker_schema.binding.shadow_models`, the evaluation's definitio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -76,6 +77,7 @@ __all__ = [
     "error_response",
     "input_problem",
     "ok_response",
+    "redact",
     "refusal",
     "renewal_due",
     "renewed",
@@ -220,9 +222,15 @@ class ExecutorState:
         node_id: str,
         kinds: Mapping[str, int],
         engine_info: ExecutorInfo,
+        private_paths: Iterable[str] = (),
     ) -> None:
         #: This node's id (``written_by`` and ``accepted.node_id``).
         self.node_id = node_id
+        #: Directories of this machine that no answer names (model store, chunk store, key):
+        #: :func:`redact` takes them out of every error message written.
+        self.private_paths = tuple(sorted({p.rstrip("/") for p in private_paths
+                                           if p.startswith("/") and p.strip("/")},
+                                          key=len, reverse=True))
         #: Effect kinds served -> queue limit (requests waiting plus running).
         self.queue_limits: dict[str, int] = dict(kinds)
         #: What refusals name as their executor: no engine ran for them.
@@ -313,7 +321,8 @@ def refusal(
             header=request.header,
             request_offset=request_offset,
             outcome="error" if code is not None else "backpressure",
-            error=ErrorInfo(code=code, message=message) if code is not None else None,
+            error=(ErrorInfo(code=code, message=redact(message, state.private_paths))
+                   if code is not None else None),
             model_hash=None,
             executor=state.refusal_executor,
             timing=Timing(received_us=received_us),
@@ -502,6 +511,21 @@ def ok_response(
         request_hash=job.request_hash)
 
 
+#: What :func:`redact` writes for a server path.
+REDACTED_PATH = "<server path>"
+
+
+def redact(message: str, paths: Iterable[str]) -> str:
+    """``message`` with every one of ``paths`` (and what lies under it) replaced by
+    :data:`REDACTED_PATH`: an answer is read by whoever may read ``.resp``, and says nothing of
+    the executor's file system (issue 30: ``input_missing`` named its ``chunk_dir``). Longest
+    paths first. Pure."""
+    for path in paths:
+        if path and path in message:
+            message = re.sub(re.escape(path) + r"[^\s'\")]*", REDACTED_PATH, message)
+    return message
+
+
 def _plain_receipt(receipt: Mapping[str, object] | None) -> bool:
     """A receipt of str keys and JSON scalars only (no float: a float is checked by
     validation for NaN and infinity)."""
@@ -527,7 +551,7 @@ def error_response(
         header=job.request.header,
         request_offset=job.request_offset,
         outcome="error",
-        error=ErrorInfo(code=code, message=message[:4096]),
+        error=ErrorInfo(code=code, message=redact(message, state.private_paths)[:4096]),
         model_hash=model_hash,
         executor=executor or state.refusal_executor,
         timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),

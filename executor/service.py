@@ -59,6 +59,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -188,6 +189,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
                 engine_version=executor_version(),
                 device_class=device,
             ),
+            private_paths=(os.path.abspath(config.model_dir), os.path.abspath(config.chunk_dir),
+                           os.path.dirname(os.path.abspath(config.key_file))),
         )
         for kind, limit in config.kinds.items():
             self.metrics.queue_limit.labels(kind).set(limit)

@@ -27,6 +27,7 @@ from executor.core import (
     decide,
     error_response,
     ok_response,
+    redact,
     renewal_due,
     renewed,
 )
@@ -390,3 +391,20 @@ def test_ok_response_built_without_revalidation_has_the_same_bytes() -> None:
             assert built == validated
             assert encode(identity.sign_response(built)) == encode(
                 identity.sign_response(validated))
+
+
+def test_error_messages_name_no_server_path() -> None:
+    """Issue 30: an answer says nothing of the executor's file system."""
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO,
+                       private_paths=("/srv/fx/chunks", "/srv/fx/models/", ".", "relative"))
+    assert st.private_paths == ("/srv/fx/models", "/srv/fx/chunks")
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    d = run(st, request(WL, M1, epoch=1))
+    assert isinstance(d, Admit)
+    err = error_response(st, d.job, code="input_missing", message="cannot read the input: "
+                         "FileNotFoundError: [Errno 2] No such file: '/srv/fx/chunks/wl/x/1'",
+                         model_hash=None, executor=None, started_us=None, finished_us=None)
+    assert err.error is not None and "/srv" not in err.error.message
+    assert err.error.message.endswith("No such file: '<server path>'")
+    assert redact("no model in /srv/fx/models and . here", st.private_paths) == (
+        "no model in <server path> and . here")
