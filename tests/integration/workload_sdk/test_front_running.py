@@ -28,6 +28,7 @@ from broker_schema import (
 )
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._api import body_of
+from workload_sdk._audit import audit
 from workload_sdk._replay import compare_outputs
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness
@@ -109,3 +110,11 @@ async def test_an_answer_to_a_front_running_request_is_passed_over(
     # the stray in slot (0, 0) is not taken for the holder's output: replay (and a resuming
     # holder) find the holder's own request there
     assert compare_outputs(full, log) == []
+    # fx audit names the stray on .out as another writer's, and blames the holder for nothing
+    report = audit(log, FiletypeGate())
+    found = {i.name: [f.message for f in i.violations] for i in report.invariants}
+    assert found["out_once"] == [
+        f"a stray record in slot (input_offset 0, index 0): not the step's output (the lease "
+        f"holder's is at {topics.out(wid)}@{own_offset}); another writer of {topics.out(wid)} "
+        "put it there, not the holder"], found
+    assert all(not v for name, v in found.items() if name != "out_once"), found
