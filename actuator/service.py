@@ -68,12 +68,27 @@ from broker_schema.records import (
     InputRecord,
     ResponseRecord,
 )
-from executor.core import Ignore, OffsetTracker, Refuse, renewal_due, renewed
+from broker_schema.signatures import HOLDER_SIG_HEADER
+from executor.core import (
+    Ignore,
+    OffsetTracker,
+    Refuse,
+    holder_problem,
+    renewal_due,
+    renewed,
+)
 from executor.errors import OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
 from executor.sync import ClaimsSpecReader, catch_up
-from fx_kafka.client import create_topics, make_consumer, make_producer, read_partition, wait_ready
+from fx_kafka.client import (
+    create_topics,
+    header_value,
+    make_consumer,
+    make_producer,
+    read_partition,
+    wait_ready,
+)
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
 
@@ -356,6 +371,15 @@ class GatewayService:
             await catch_up(self._sync.read, workload_id, shadow,
                            on_failure=self.metrics.sync_failures.inc)
             synced.add(workload_id)
+        if holder_problem(self.state.base, record, msg.value,
+                          header_value(getattr(msg, "headers", None),
+                                       HOLDER_SIG_HEADER)) is not None:
+            # a command its epoch's holder did not sign (front-running): never acted on
+            log.warning("ignoring %s at %s@%d: not signed by its epoch's holder",
+                        record.effect_id, msg.topic, msg.offset)
+            self.metrics.ignored.labels("not_holder").inc()
+            tracker.done(key, msg.offset)
+            return
         now_ns = time.time_ns()
         decision = decide(self.state, record, topic=msg.topic, partition=msg.partition,
                           offset=msg.offset, append_ms=msg.timestamp,

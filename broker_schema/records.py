@@ -492,6 +492,13 @@ class ClaimRecord(_Model):
     #: empty.
     forced: tuple[Annotated[str, Field(max_length=300)], ...] = Field(
         default=(), exclude_if=lambda v: not v, max_length=256)
+    #: The public key (:func:`broker_schema.signatures.public_key_text`) of the holder of this
+    #: epoch: every record it writes on ``.out`` carries its signature in the record header
+    #: ``fx-holder-sig`` (:func:`broker_schema.signatures.holder_signature_problem`), and an
+    #: executor answers only a request that does (issue 30: front-running). Left out of the
+    #: canonical bytes when None (claims written before the field existed: no check).
+    holder_key: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, exclude_if=lambda v: v is None)
 
 
 class OutputRecord(_Model):
@@ -788,7 +795,8 @@ class KeyRevokeRecord(_Model):
 #: ``epoch_jump``: a claim whose epoch is too far above the highest accepted before it
 #: (:func:`broker_schema.binding.claim_problem`); ``foreign_tick``: a tick on ``.resp`` that
 #: the holder of its epoch did not write (the lease holder's reject).
-RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump", "foreign_tick"]
+#: ``not_holder``: a request on ``.out`` without a valid signature of its epoch's holder.
+RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump", "foreign_tick", "not_holder"]
 
 
 class ShadowEvalRecord(_Model):

@@ -37,12 +37,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ED25519",
+    "HOLDER_SIG_HEADER",
     "KEY_TYPES",
     "PUBLIC_KEY_BYTES",
     "SECP256K1",
     "KeyType",
     "SigningKey",
     "answer_refusal",
+    "holder_signature",
+    "holder_signature_problem",
     "key_id",
     "key_type",
     "public_key_from_text",
@@ -297,3 +300,33 @@ def answer_refusal(response: ResponseRecord, spec: SpecRecord
         problems.append(problem)
     return "untrusted_key", f"not signed by a key the spec trusts for node {node!r}: " + (
         "; ".join(problems))
+
+
+#: The Kafka record header in which a lease holder signs what it writes on ``.out``.
+HOLDER_SIG_HEADER = "fx-holder-sig"
+
+
+def holder_signature(key: SigningKey, value: bytes) -> bytes:
+    """The ``fx-holder-sig`` header value of the record ``value``: ``<key id>:<base64 of the
+    signature over value>`` (the bytes on ``.out`` themselves, so the request, its hash and
+    replay are unchanged)."""
+    return f"{key.key_id}:{base64.b64encode(key.sign(value)).decode()}".encode()
+
+
+def holder_signature_problem(value: bytes, header: bytes | None,
+                             public_key_text: str) -> str | None:
+    """Why ``header`` is not a valid ``fx-holder-sig`` of ``value`` by the holder key
+    ``public_key_text`` (a claim's ``holder_key``), or None when it is. Pure."""
+    if header is None:
+        return "the record carries no holder signature"
+    try:
+        raw = public_key_from_text(public_key_text)
+        kid, _, b64 = header.decode("ascii").rpartition(":")
+        signature = base64.b64decode(b64, validate=True)
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        return f"unusable holder signature or key: {exc}"
+    if kid != key_id(raw):
+        return f"signed by key {kid[:80]}, not the epoch's holder key {key_id(raw)}"
+    if not verify(raw, signature, value):
+        return "the holder signature does not verify"
+    return None

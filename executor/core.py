@@ -59,6 +59,7 @@ from broker_schema.records import (
     Timing,
 )
 from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
+from broker_schema.signatures import holder_signature_problem
 
 __all__ = [
     "RENEW_FRACTION",
@@ -75,6 +76,7 @@ __all__ = [
     "chunk_problem",
     "decide",
     "error_response",
+    "holder_problem",
     "input_problem",
     "ok_response",
     "redact",
@@ -447,6 +449,40 @@ def renewed(accepted: AcceptedRecord, now_us: int) -> AcceptedRecord:
     as the start of the lease (``workload_sdk._core``), so ``unknown`` is written only
     ``lease_ms`` after the last renewal: when the executor is really gone."""
     return accepted.model_copy(update={"accepted_us": now_us})
+
+
+def holder_problem(state: ExecutorState, request: EffectRequest, value: bytes,
+                   signature: bytes | None) -> str | None:
+    """Why ``request`` (its bytes ``value``, its ``fx-holder-sig`` header ``signature``) is not
+    the current holder's, or None. The first claim of the request's epoch names the holder's
+    key (``holder_key``): the request must carry that key's signature over its bytes. A claim
+    without one (written before the field existed) and a shadow request (written by
+    ``fx shadow``) are not checked; an epoch no claim names is refused when the workload's
+    holders sign (any claim names a key), else left to :func:`decide`. The
+    service writes a refused request to ``sys.rejects`` (``not_holder``) and never answers it
+    (issue 30: a front-running request is not run). Pure."""
+    header = request.header
+    if header.shadow is not None:
+        return None
+    view = state.workloads.get(header.workload_id)
+    if view is None:
+        return None
+    claim = next((c for c in view.claims if c.epoch == header.epoch and c.from_seq is None),
+                 None)
+    if claim is None:
+        # the service reads .claims up to its end before judging a request, and a holder
+        # claims before it writes: no claim of the epoch where holders sign is not a holder's
+        if any(c.holder_key is not None for c in view.claims):
+            return (f"request {request.effect_id}: no claim of epoch {header.epoch} names its "
+                    "holder (this workload's holders sign their requests)")
+        return None
+    if claim.holder_key is None:
+        return None
+    problem = holder_signature_problem(value, signature, claim.holder_key)
+    if problem is None:
+        return None
+    return (f"request {request.effect_id} is not the epoch {header.epoch} holder's "
+            f"({claim.holder_id!r}): {problem}")
 
 
 def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None:

@@ -87,6 +87,7 @@ from broker_schema.records import (
     RejectedRecord,
     ResponseRecord,
 )
+from broker_schema.signatures import HOLDER_SIG_HEADER
 from executor.accelerators import node_devices
 from executor.answering import AnswerMixin, _now_us
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
@@ -99,6 +100,7 @@ from executor.core import (
     OffsetTracker,
     Refuse,
     decide,
+    holder_problem,
     renewal_due,
     renewed,
 )
@@ -122,6 +124,7 @@ from executor.scheduler import HANDLER_KEY, Job, Scheduler
 from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import (
     MIRROR_OFFSET_HEADER,
+    header_value,
     make_consumer,
     make_producer,
     mirror_header,
@@ -697,6 +700,15 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         if sync_key not in synced:
             await self._sync_workload(workload_id, shadow=shadow)
             synced.add(sync_key)
+        not_holders = holder_problem(self.state, record, msg.value,
+                                     header_value(getattr(msg, "headers", None),
+                                                  HOLDER_SIG_HEADER))
+        if not_holders is not None:
+            # a request its epoch's holder did not sign (front-running): never run, recorded
+            self.metrics.ignored.labels("not_holder").inc()
+            await self._reject(msg, "not_holder", not_holders)
+            tracker.done(key, msg.offset)
+            return
         await self._wait_for_room(kind, record)
         status = await self._request_status(kind, record)
         now_ns = time.time_ns()
@@ -882,3 +894,4 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         log.info("%s: partitions assigned: %s", self.kind, sorted(
             (tp.topic, tp.partition) for tp in assigned))
+

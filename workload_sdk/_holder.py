@@ -92,6 +92,7 @@ from broker_schema import (
     topics,
 )
 from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
+from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
 from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
@@ -219,6 +220,10 @@ class HolderConfig:
     observe_every_s: float = 3.0
     check_signatures: bool = False
     fleet_keys: tuple[bytes, ...] = ()
+    #: Sign every record written on ``.out`` (header ``fx-holder-sig``) with a key made for
+    #: this holder, named in its claims (``holder_key``): executors answer only requests its
+    #: epoch's holder signed (issue 30). Off: claims name no key, executors check nothing.
+    sign_requests: bool = True
 
 
 @dataclass
@@ -390,6 +395,11 @@ class LeaseHolder:
         self._sig_said: dict[tuple[str, str], tuple[float, int]] = {}
         #: why this holder cannot go on now (e.g. no epoch left to claim), for ``/readyz``
         self.problem: str | None = None
+        #: the key this holder signs its records on .out with (None: ``sign_requests`` off),
+        #: made for this holder and named in its claims
+        self._holder_key = SigningKey.generate() if config.sign_requests else None
+        self._holder_key_text = (None if self._holder_key is None
+                                 else self._holder_key.public_key_b64)
         #: epoch -> its holder id, from ``.claims`` (whose ticks are the holder's own)
         self._epoch_holders: dict[int, str] = {}
         #: rejects to write to ``sys.rejects`` (ticks not written by their epoch's holder)
@@ -450,6 +460,9 @@ class LeaseHolder:
                 # now would leave no holder at all. Claim anew, as any successor would.
                 log.warning("%s; its producer is fenced by this one: claiming a new epoch", exc)
                 kept = None
+            top = _highest(claims)
+            if kept is not None and top is not None and top.holder_key != self._holder_key_text:
+                kept = None  # that claim names another key: this holder cannot sign for it
             if kept is not None:
                 self.epoch = kept
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
@@ -472,7 +485,7 @@ class LeaseHolder:
         self._epoch_holders[epoch] = cfg.holder_id
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
-                            forced=tuple(forced or ()))
+                            forced=tuple(forced or ()), holder_key=self._holder_key_text)
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
@@ -559,10 +572,16 @@ class LeaseHolder:
     async def _write(self, items: list[tuple[str, bytes]]) -> list[Any]:
         producer = self._producer
         futures: list[Any] = []
+        out_topic = topics.out(self.config.workload_id)
         try:
             async with producer.transaction():
                 for topic, value in items:
-                    futures.append(await producer.send(topic, value=value, partition=0))
+                    headers = None
+                    if topic == out_topic and self._holder_key is not None:
+                        headers = [(HOLDER_SIG_HEADER,
+                                    holder_signature(self._holder_key, value))]
+                    futures.append(await producer.send(topic, value=value, partition=0,
+                                                       headers=headers))
             metas = [await f for f in futures]
         except (ProducerFenced, InvalidProducerEpoch, IllegalOperation) as exc:
             # IllegalOperation: the producer left the transaction by itself, which aiokafka does
@@ -1009,7 +1028,8 @@ class LeaseHolder:
             return
         adoption = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch,
                                holder_id=cfg.holder_id, spec_hash=record_hash(record),
-                               spec_offset=offset, from_seq=core.seq)
+                               spec_offset=offset, from_seq=core.seq,
+                               holder_key=self._holder_key_text)
         await self._write([(topics.claims(cfg.workload_id), encode(adoption))])
         self.spec, self._spec_offset = record, offset
         self.stats.specs_adopted += 1

@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                           executor_group_prefixes=tuple(args.executor_group_prefix
                                                         or DEFAULT_GROUP_PREFIXES),
                           check_signatures=not args.no_signature_check,
-                          fleet_keys=tuple(fleet))
+                          fleet_keys=tuple(fleet), sign_requests=not args.no_sign_requests)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -582,6 +582,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="metrics: the consumer groups <PREFIX>.<kind> whose unread requests "
                      "on .out are reported (the executors' and gateways' group_prefix; "
                      "repeatable; default fx-executor and fx-actuator)")
+    run.add_argument("--no-sign-requests", action="store_true",
+                     help="do not sign the records written on .out (by default the holder "
+                     "makes a key, names it in its claims and signs each record in the header "
+                     "fx-holder-sig; executors answer only requests their epoch's holder "
+                     "signed: docs/security.md)")
     run.add_argument("--no-signature-check", action="store_true",
                      help="do not check the signature of each response read from .resp (by "
                      "default each is checked as fx why does, counted in "

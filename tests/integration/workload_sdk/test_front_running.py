@@ -1,8 +1,14 @@
 """Issue 30, attack 2: front-running. Anyone who can write ``.out`` (any client of a plain
 broker) writes a request for the effect id the holder will use next, with their own input; the
 real executor answers it; before, the holder merged that answer for its own request (the step
-decided on the attacker's bytes). Now every executor answer names the hash of the request it
-read, and the holder passes an answer to another request over as ``foreign_request``.
+decided on the attacker's bytes). Now, two defences, each tested on its own:
+
+- the holder signs what it writes on ``.out`` with a key its claim names, and the executor
+  answers only requests their epoch's holder signed: the stray is never run, and is written to
+  ``sys.rejects`` (``not_holder``);
+- every executor answer names the hash of the request it read, and the holder passes an answer
+  to another request over as ``foreign_request`` (tested with a holder that does not sign, so
+  the executor answers the stray).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from broker_schema import (
     EffectRequest,
     MergeEntry,
     OutputRecord,
+    RejectedRecord,
     ResponseRecord,
     decode,
     encode,
@@ -29,6 +36,7 @@ from broker_schema import (
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._api import body_of
 from workload_sdk._audit import audit
+from workload_sdk._kafka_io import read_topic
 from workload_sdk._replay import compare_outputs
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness
@@ -46,9 +54,10 @@ def _labels(log: WorkloadLog) -> list[str]:
             and "label" in o.body.data]
 
 
+@pytest.mark.parametrize("holder_signs", [True, False], ids=["signed", "unsigned-holder"])
 async def test_an_answer_to_a_front_running_request_is_passed_over(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], holder_signs: bool,
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
@@ -66,7 +75,7 @@ async def test_an_answer_to_a_front_running_request_is_passed_over(
         kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
         models={"filetype": model_hash}, log_dir=tmp_path,
     ) as h:
-        holder = h.start_holder("fr-holder", "--force")
+        holder = h.start_holder("fr-holder", *(() if holder_signs else ("--no-sign-requests",)))
         log = await h.wait_for(lambda lg: bool(h.epochs(lg)), timeout=60, what="claim")
         epoch = h.epochs(log)[-1]
         # the attacker: the next effect id is predictable (first input, first output, epoch)
@@ -93,7 +102,19 @@ async def test_an_answer_to_a_front_running_request_is_passed_over(
         assert h.stop(holder) == 0
         h.stop(executor)
         log = await h.read_log()
+        rejects = await read_topic(kafka_bootstrap, topics.REJECTS, timeout=30)
 
+    refused = [(r.offset, r.code) for r in (decode(x.value) for x in rejects)
+               if isinstance(r, RejectedRecord) and r.topic == topics.out(wid)]
+    if holder_signs:
+        # the executor never ran the stray: no answer names it, it is on sys.rejects
+        assert refused == [(stray_offset, "not_holder")], refused
+        answers = [a for a in (decode(r.value) for r in log["resp"])
+                   if isinstance(a, ResponseRecord) and a.written_by != "fr-holder"]
+        assert answers and all(a.request_hash == request_hash(encode(own)) for a in answers)
+        assert _labels(log) == ["python"], _labels(log)
+        return
+    assert refused == [], refused
     # the executor answered the stray, naming the stray's hash
     answers = [(r.offset, a) for r, a in ((r, decode(r.value)) for r in log["resp"])
                if isinstance(a, ResponseRecord) and a.effect_id == stray.effect_id

@@ -18,6 +18,7 @@ from broker_schema.records import (
     ExecutorInfo,
     InlineBody,
 )
+from broker_schema.signatures import SigningKey, holder_signature
 from executor.core import (
     Admit,
     ExecutorState,
@@ -26,6 +27,7 @@ from executor.core import (
     Refuse,
     decide,
     error_response,
+    holder_problem,
     ok_response,
     redact,
     renewal_due,
@@ -408,3 +410,27 @@ def test_error_messages_name_no_server_path() -> None:
     assert err.error.message.endswith("No such file: '<server path>'")
     assert redact("no model in /srv/fx/models and . here", st.private_paths) == (
         "no model in <server path> and . here")
+
+
+def test_only_requests_signed_by_their_epochs_holder_are_answered() -> None:
+    """Issue 30, attack 2 (executor side): a claim names its holder's key; a request of that
+    epoch must carry the key's signature over its bytes (header fx-holder-sig)."""
+    holder, mallory = SigningKey.generate(), SigningKey.generate()
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    st.observe_claim(claim(WL, 3).model_copy(update={"holder_key": holder.public_key_b64}))
+    req = request(WL, M1, epoch=3)
+    value = encode(req)
+    assert holder_problem(st, req, value, holder_signature(holder, value)) is None
+    assert "no holder signature" in (holder_problem(st, req, value, None) or "")
+    assert "not the epoch's holder key" in (
+        holder_problem(st, req, value, holder_signature(mallory, value)) or "")
+    other = encode(request(WL, M1, b"other", epoch=3))
+    assert "does not verify" in (
+        holder_problem(st, req, value, holder_signature(holder, other)) or "")
+    ahead = request(WL, M1, epoch=4)
+    assert "no claim of epoch 4" in (holder_problem(st, ahead, encode(ahead), None) or "")
+    # a workload whose holders do not sign (claims without a key): nothing is checked
+    plain = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    plain.observe_claim(claim(WL, 3))
+    assert holder_problem(plain, req, value, None) is None
