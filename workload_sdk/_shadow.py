@@ -305,8 +305,10 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
             answer = shadow_answers[eid]
             live_resp = item.record
             assert isinstance(live_resp, ResponseRecord)
+            # the answer to the re-issued request stands for the live one: it names the
+            # re-issued request's hash, which the evaluation matched itself
             item = Item(item.source, item.offset, item.time_ms, answer.model_copy(
-                update={"effect_id": eid, "header": live_resp.header}),
+                update={"effect_id": eid, "header": live_resp.header, "request_hash": None}),
                 (shadow_resolved or {}).get(eid))
         decision = core.classify(item, None if substituted else specs(record.epoch, core.seq))
         if (decision.action, decision.reason) != (record.action, record.reason):
