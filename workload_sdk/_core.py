@@ -235,6 +235,10 @@ class Core:
     #: Mode A: where the step's local models are loaded from (:mod:`workload_sdk._local`);
     #: None: the process default (``FX_MODEL_DIR``). Not in snapshots.
     local: Any = None
+    #: Merge an answer only when it names the request the step issued (``request_hash``,
+    #: ``foreign_request`` otherwise): the live holder and replay. A shadow fold, whose
+    #: requests may differ from the recorded ones the recorded answers stand for, turns it off.
+    bind_answers: bool = True
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -380,7 +384,7 @@ class Core:
         if isinstance(record, AcceptedRecord):
             return Decision("pass_over", "not_an_answer", effect_id)
         if effect_id in self.pending:
-            if not self.pending[effect_id].answers_it(record):
+            if self.bind_answers and not self.pending[effect_id].answers_it(record):
                 return Decision("pass_over", "foreign_request", effect_id)
             refused = None if spec is None else answer_refusal(record, spec)
             if refused is not None:
@@ -430,7 +434,7 @@ class Core:
         if decision.action == "pass_over":
             if isinstance(record, AcceptedRecord) and record.effect_id in self.pending:
                 p = self.pending[record.effect_id]
-                if p.answers_it(record):  # an accept of a stray request is no lease of ours
+                if not self.bind_answers or p.answers_it(record):  # a stray's is no lease of ours
                     p.accepted_ms = item.time_ms
                     p.lease_ms = record.lease_ms
             return Applied(decision, entry)

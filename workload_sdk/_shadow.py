@@ -283,6 +283,9 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
         core = replay(workload, log, to_seq=ev.from_seq - 1).core
     else:
         core = Core.initial(workload, log.workload_id)
+    # the shadow fold's requests may differ from the recorded ones (that is what it measures):
+    # the recorded answers stand for them, whichever request they name
+    core.bind_answers = False
     if core.seq != ev.from_seq:
         result.diverged_at = ev.from_seq
         result.divergence = (f"the log holds only {core.seq} steps: nothing to fold from step "
@@ -305,10 +308,9 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
             answer = shadow_answers[eid]
             live_resp = item.record
             assert isinstance(live_resp, ResponseRecord)
-            # the answer to the re-issued request stands for the live one: it names the
-            # re-issued request's hash, which the evaluation matched itself
+            # the answer to the re-issued request stands for the live one
             item = Item(item.source, item.offset, item.time_ms, answer.model_copy(
-                update={"effect_id": eid, "header": live_resp.header, "request_hash": None}),
+                update={"effect_id": eid, "header": live_resp.header}),
                 (shadow_resolved or {}).get(eid))
         decision = core.classify(item, None if substituted else specs(record.epoch, core.seq))
         if (decision.action, decision.reason) != (record.action, record.reason):

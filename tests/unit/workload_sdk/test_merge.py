@@ -561,3 +561,14 @@ def test_a_tick_is_the_holders_only_when_it_names_its_epochs_holder() -> None:
         TickRecord(workload_id=WID, epoch=2, holder_id="mallory"), holders) or "")
     assert "no claim names" in (tick_problem(
         TickRecord(workload_id=WID, epoch=7, holder_id="h2"), holders) or "")
+
+
+def test_a_shadow_fold_takes_recorded_answers_whichever_request_they_name() -> None:
+    """A shadow fold's requests may differ from the recorded ones (a rebound model changes a
+    later request): the recorded answers stand for them (``bind_answers`` off)."""
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    core.bind_answers = False
+    h = core.apply(_item("in", 0, 5, _input(3)), epoch=1, spec=spec).outputs[1].header
+    other = _resp(h).model_copy(update={"request_hash": "sha256:" + "e" * 64})
+    assert core.apply(_item("resp", 0, 6, other), epoch=1, spec=spec).decision.action == "deliver"
