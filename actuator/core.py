@@ -251,9 +251,11 @@ def _spec_of(state: GatewayState, request: EffectRequest) -> SpecRecord | None:
 
 
 def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition: int,
-           offset: int, append_ms: int, now_ms: int, now_us: int) -> GatewayDecision:
+           offset: int, append_ms: int, now_ms: int, now_us: int,
+           request_hash: str | None = None) -> GatewayDecision:
     """Judge one request read at ``offset`` (the rules of the module docstring). On
-    :class:`Execute` the job is in the in-flight table; on anything else it is not."""
+    :class:`Execute` the job is in the in-flight table; on anything else it is not.
+    ``request_hash``: of the request's bytes, carried by every record written for it."""
     kind = request.effect_kind
     served = state.kinds.get(kind)
     if served is None:
@@ -265,17 +267,20 @@ def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition
             # every other rule, since any refusal now (deadline_passed, stale_epoch...) would
             # say that nothing was done, and the command may have acted.
             if seen.entry == "done":
-                return Reanswer(remembered_response(state, request, offset, seen, now_us))
+                return Reanswer(remembered_response(state, request, offset, seen, now_us,
+                                                    request_hash=request_hash))
             return Leave(_in_doubt(request))
     base = decide_request(state.base, request, topic=topic, partition=partition, offset=offset,
                           append_ms=append_ms, now_ms=now_ms, now_us=now_us,
-                          model_status="absent" if request.model else "ready")
+                          model_status="absent" if request.model else "ready",
+                          request_hash=request_hash)
     if not isinstance(base, Admit):
         return base
 
     def refuse(code: ErrorCode, message: str) -> Refuse:
         state.base.finish(request.effect_id)
-        return refusal(state.base, request, offset, now_us, code=code, message=message)
+        return refusal(state.base, request, offset, now_us, code=code, message=message,
+                       request_hash=request_hash)
 
     if request.header.shadow is not None:
         return refuse("kind_unsupported", "a shadow evaluation never acts on a device")
@@ -296,17 +301,20 @@ def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition
         return Leave(verdict[1])
     if verdict[0] == "reanswer":
         state.base.finish(request.effect_id)
-        return Reanswer(remembered_response(state, request, offset, verdict[1], now_us))
+        return Reanswer(remembered_response(state, request, offset, verdict[1], now_us,
+                                            request_hash=request_hash))
     return Execute(accepted=base, command=command, guarantee=served.guarantee)
 
 
 def remembered_response(state: GatewayState, request: EffectRequest, offset: int,
-                        done: ActuatorMemoryRecord, now_us: int) -> ResponseRecord:
+                        done: ActuatorMemoryRecord, now_us: int, *,
+                        request_hash: str | None = None) -> ResponseRecord:
     """The ``ok`` response of an at-most-once command done before a restart (from memory)."""
     return ResponseRecord(
         effect_id=request.effect_id, header=request.header, request_offset=offset,
         outcome="ok", output=done.output, executor=state.device_info,
-        timing=Timing(received_us=now_us), written_by=state.node_id)
+        timing=Timing(received_us=now_us), written_by=state.node_id,
+        request_hash=request_hash)
 
 
 def _entry(state: GatewayState, job: InFlight, command: Command,

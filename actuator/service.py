@@ -59,7 +59,7 @@ from actuator.core import (
 from actuator.device import InDoubt, ModbusDevice
 from actuator.metrics import GatewayMetrics
 from broker_schema import DecodeError, topics
-from broker_schema.codec import decode, encode
+from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     AcceptedRecord,
     ActuatorMemoryRecord,
@@ -68,12 +68,27 @@ from broker_schema.records import (
     InputRecord,
     ResponseRecord,
 )
-from executor.core import Ignore, OffsetTracker, Refuse, renewal_due, renewed
+from broker_schema.signatures import HOLDER_SIG_HEADER
+from executor.core import (
+    Ignore,
+    OffsetTracker,
+    Refuse,
+    holder_problem,
+    renewal_due,
+    renewed,
+)
 from executor.errors import OutcomeError
 from executor.facts import build_facts, facts_changed
 from executor.identity import NodeIdentity
 from executor.sync import ClaimsSpecReader, catch_up
-from fx_kafka.client import create_topics, make_consumer, make_producer, read_partition, wait_ready
+from fx_kafka.client import (
+    create_topics,
+    header_value,
+    make_consumer,
+    make_producer,
+    read_partition,
+    wait_ready,
+)
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
 
@@ -356,10 +371,20 @@ class GatewayService:
             await catch_up(self._sync.read, workload_id, shadow,
                            on_failure=self.metrics.sync_failures.inc)
             synced.add(workload_id)
+        if holder_problem(self.state.base, record, msg.value,
+                          header_value(getattr(msg, "headers", None),
+                                       HOLDER_SIG_HEADER)) is not None:
+            # a command its epoch's holder did not sign (front-running): never acted on
+            log.warning("ignoring %s at %s@%d: not signed by its epoch's holder",
+                        record.effect_id, msg.topic, msg.offset)
+            self.metrics.ignored.labels("not_holder").inc()
+            tracker.done(key, msg.offset)
+            return
         now_ns = time.time_ns()
         decision = decide(self.state, record, topic=msg.topic, partition=msg.partition,
                           offset=msg.offset, append_ms=msg.timestamp,
-                          now_ms=now_ns // 1_000_000, now_us=now_ns // 1000)
+                          now_ms=now_ns // 1_000_000, now_us=now_ns // 1000,
+                          request_hash=request_hash(msg.value))
         read_mono = time.monotonic()
         if isinstance(decision, Leave):  # in doubt since before a restart: its lease decides
             self.metrics.in_doubt.labels(kind).inc()
@@ -432,7 +457,7 @@ class GatewayService:
                                 finished_us=_now_us())
         if verdict[0] == "reanswer":
             return remembered_response(state, job.request, job.request_offset, verdict[1],
-                                       started_us)
+                                       started_us, request_hash=job.request_hash)
         if verdict[0] == "leave":
             log.warning("%s", verdict[1])
             return None

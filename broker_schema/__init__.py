@@ -28,6 +28,7 @@ from broker_schema.codec import (
     encode_signed,
     json_depth,
     record_hash,
+    request_hash,
 )
 from broker_schema.limits import (
     BROKER_MESSAGE_MAX_BYTES,
@@ -147,6 +148,7 @@ __all__ = [
     "json_depth",
     "parse_effect_id",
     "record_hash",
+    "request_hash",
     "sha256_hex",
     "signatures",
     "topics",

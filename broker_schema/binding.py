@@ -19,7 +19,67 @@ from collections.abc import Iterable, Mapping
 
 from broker_schema.records import ClaimRecord, SpecRecord
 
-__all__ = ["claim_in_force", "shadow_models", "shadow_spec", "spec_in_force", "switch_problem"]
+__all__ = [
+    "MAX_EPOCH",
+    "MAX_EPOCH_STEP",
+    "accepted_claims",
+    "claim_in_force",
+    "claim_problem",
+    "epoch_after",
+    "epoch_refused",
+    "next_epoch",
+    "shadow_models",
+    "shadow_spec",
+    "spec_in_force",
+    "switch_problem",
+]
+
+#: The highest epoch a claim may name (the wire's bound on ``Epoch``).
+MAX_EPOCH = 2**53 - 1
+#: How far a claim may raise a workload's epoch above the highest claim accepted before it on
+#: ``.claims``. A holder claims the highest epoch + 1 (or keeps its own), so an honest claim is
+#: never more than one above; the bound leaves room and stops one forged claim (epoch 2^53 - 1,
+#: issue 30) from fencing every holder for good: a claim above it is refused (the executor
+#: writes it to ``sys.rejects`` as ``epoch_jump``), by every reader alike.
+MAX_EPOCH_STEP = 1_000
+
+
+def claim_problem(claim: ClaimRecord, highest: int) -> str | None:
+    """Why ``claim`` is refused after claims up to epoch ``highest`` (0: none) were accepted,
+    or None. Pure."""
+    if epoch_refused(claim.epoch, highest):
+        return (f"claim of epoch {claim.epoch} by {claim.holder_id!r} is more than "
+                f"{MAX_EPOCH_STEP} above the highest claim accepted before it ({highest})")
+    return None
+
+
+def epoch_refused(epoch: int, highest: int) -> bool:
+    """Whether a claim of ``epoch`` is refused after claims up to ``highest`` were accepted
+    (the rule of :func:`claim_problem`, for readers that hold only the epoch)."""
+    return epoch > highest + MAX_EPOCH_STEP
+
+
+def accepted_claims(claims: Iterable[ClaimRecord]) -> list[ClaimRecord]:
+    """The claims of ``claims`` (in log order) that :func:`claim_problem` accepts, in order:
+    what every reader of ``.claims`` (executor, holder, replay, audit, console) goes by."""
+    out: list[ClaimRecord] = []
+    highest = 0
+    for claim in claims:
+        if claim_problem(claim, highest) is None:
+            out.append(claim)
+            highest = max(highest, claim.epoch)
+    return out
+
+
+def next_epoch(claims: Iterable[ClaimRecord]) -> int | None:
+    """The epoch a new holder claims after ``claims`` (the accepted ones' highest + 1), or None
+    when none is left (the highest is :data:`MAX_EPOCH`): that holder cannot win an epoch."""
+    return epoch_after(max((c.epoch for c in accepted_claims(claims)), default=0))
+
+
+def epoch_after(highest: int) -> int | None:
+    """``highest + 1``, or None when ``highest`` is :data:`MAX_EPOCH` (no epoch is left)."""
+    return highest + 1 if highest < MAX_EPOCH else None
 
 
 def claim_in_force(claims: Iterable[ClaimRecord], epoch: int, seq: int) -> ClaimRecord | None:

@@ -77,6 +77,14 @@ def encode_signed(record: BaseModel, sign: Callable[[bytes], Signature], *,
     return signature, data, signing
 
 
+def request_hash(value: bytes) -> str:
+    """``sha256:<hex>`` of a request record's bytes as written on ``.out``: what an executor
+    puts in the ``request_hash`` of its ``accepted`` and response, and what the lease holder
+    compares with the hash of the request it wrote (``encode(request)``: canonical, so equal to
+    :func:`record_hash` of it)."""
+    return sha256_hex(value)
+
+
 def record_hash(record: BaseModel) -> str:
     """``sha256:<hex>`` of the record's canonical bytes (spec hashes, state hashes...)."""
     return sha256_hex(canonical_json(record.model_dump(mode="json")))

@@ -117,6 +117,14 @@ PassOverReason = Literal[
     "after_outcome",  # a timeout or unknown for this effect id was already merged
     "unknown_effect",  # no request with this effect id was ever written
     "not_an_answer",  # an accepted record: it is bookkeeping, the step never sees it
+    # an answer (or accepted) to a request the holder did not write for this effect id: its
+    # request_hash is not the hash of the holder's request (a front-running stray's answer)
+    "foreign_request",
+    # an executor's answer without a signature, under the spec's ``unsigned = "refuse"``
+    "unsigned",
+    # a signed answer whose signature does not verify with a key the spec's ``signers`` trusts
+    # for the answering node (or from a node it does not list)
+    "untrusted_key",
 ]
 
 
@@ -429,6 +437,19 @@ class SpecRecord(_Model):
     #: left out of the canonical bytes when empty, like ``input_topics``.
     guarantees: dict[EffectKind, Guarantee] = Field(default_factory=dict,
                                                     exclude_if=lambda v: not v)
+    #: What the lease holder does with an executor's answer that carries no signature:
+    #: ``count`` (merge it; the holder counts it, ``fx audit`` reports it) or ``refuse`` (pass
+    #: it over as ``unsigned``: issue 30). ``fx workload spec`` writes ``refuse`` when it
+    #: writes to a secured broker. Left out of the canonical bytes when ``count``.
+    unsigned: Literal["count", "refuse"] = Field(default="count",
+                                                 exclude_if=lambda v: v == "count")
+    #: Node id -> the public keys (:func:`broker_schema.signatures.public_key_text`) whose
+    #: signatures the holder trusts on that node's answers. When set, a signed answer that
+    #: does not verify with one of its node's keys, or from a node not listed, is passed over
+    #: as ``untrusted_key`` (the rule: :func:`broker_schema.signatures.answer_refusal`). Left
+    #: out of the canonical bytes when empty.
+    signers: dict[NodeId, tuple[Annotated[str, Field(max_length=200)], ...]] = Field(
+        default_factory=dict, exclude_if=lambda v: not v, max_length=256)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
@@ -471,6 +492,13 @@ class ClaimRecord(_Model):
     #: empty.
     forced: tuple[Annotated[str, Field(max_length=300)], ...] = Field(
         default=(), exclude_if=lambda v: not v, max_length=256)
+    #: The public key (:func:`broker_schema.signatures.public_key_text`) of the holder of this
+    #: epoch: every record it writes on ``.out`` carries its signature in the record header
+    #: ``fx-holder-sig`` (:func:`broker_schema.signatures.holder_signature_problem`), and an
+    #: executor answers only a request that does (issue 30: front-running). Left out of the
+    #: canonical bytes when None (claims written before the field existed: no check).
+    holder_key: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, exclude_if=lambda v: v is None)
 
 
 class OutputRecord(_Model):
@@ -539,6 +567,10 @@ class AcceptedRecord(_Model):
     #: The executor promises a response within this long of its accept (else: ``unknown``).
     lease_ms: Annotated[int, Field(ge=1, le=2**53 - 1)]
     accepted_us: Micros
+    #: ``sha256:`` of the bytes of the request accepted (:func:`~broker_schema.codec.
+    #: request_hash`): binds the accept to one request, not just to its effect id (issue 30).
+    #: Left out of the canonical bytes when None (records written before the field existed).
+    request_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_effect_id(self) -> Self:
@@ -570,6 +602,11 @@ class ResponseRecord(_Model):
     #: Engine-specific proof, e.g. the integer engine's hash-chained receipt.
     receipt: dict[str, JsonValue] | None = None
     signature: Signature | None = None
+    #: ``sha256:`` of the bytes of the request answered (:func:`~broker_schema.codec.
+    #: request_hash`), covered by the signature: the lease holder merges an answer only when it
+    #: is the hash of the request it wrote for the effect id (``foreign_request`` otherwise).
+    #: Left out of the canonical bytes when None (records written before the field existed).
+    request_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_outcome(self) -> Self:
@@ -755,7 +792,11 @@ class KeyRevokeRecord(_Model):
 
 #: Why a record was rejected: a decode error code, or ``wrong_workload`` (a request whose header
 #: names another workload than the topic it is on).
-RejectCode = DecodeCode | Literal["wrong_workload"]
+#: ``epoch_jump``: a claim whose epoch is too far above the highest accepted before it
+#: (:func:`broker_schema.binding.claim_problem`); ``foreign_tick``: a tick on ``.resp`` that
+#: the holder of its epoch did not write (the lease holder's reject).
+#: ``not_holder``: a request on ``.out`` without a valid signature of its epoch's holder.
+RejectCode = DecodeCode | Literal["wrong_workload", "epoch_jump", "foreign_tick", "not_holder"]
 
 
 class ShadowEvalRecord(_Model):

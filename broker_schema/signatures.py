@@ -33,15 +33,19 @@ from typing import TYPE_CHECKING, Any, Literal
 from broker_schema.canonical import sha256_hex
 
 if TYPE_CHECKING:
-    from broker_schema.records import ResponseRecord
+    from broker_schema.records import ResponseRecord, SpecRecord
 
 __all__ = [
     "ED25519",
+    "HOLDER_SIG_HEADER",
     "KEY_TYPES",
     "PUBLIC_KEY_BYTES",
     "SECP256K1",
     "KeyType",
     "SigningKey",
+    "answer_refusal",
+    "holder_signature",
+    "holder_signature_problem",
     "key_id",
     "key_type",
     "public_key_from_text",
@@ -253,4 +257,76 @@ def response_signature_problem(response: ResponseRecord, public_key: bytes) -> s
         return "the signature value is not base64"
     if not verify(public_key, value, response.signing_bytes()):
         return "the signature does not verify with the key"
+    return None
+
+
+#: Outcomes only a lease holder writes (unsigned by design: its transactional producer and the
+#: ACLs on ``.resp`` vouch for them, not a node key).
+_HOLDER_OUTCOMES = ("timeout", "unknown")
+
+
+def answer_refusal(response: ResponseRecord, spec: SpecRecord
+                   ) -> tuple[Literal["unsigned", "untrusted_key"], str] | None:
+    """Why the lease holder must not merge ``response`` under ``spec`` (the pass-over reason
+    and a message for people), or None. Pure; the live holder and replay both ask it (the spec
+    is a fact of the log), so they decide the same.
+
+    - A ``timeout``/``unknown`` without a signature: None (the holder's own outcome).
+    - No signature: ``unsigned`` when ``spec.unsigned`` is ``refuse``.
+    - ``spec.signers`` set: the signature must verify with one of the keys it lists for the
+      answering node (``executor.node_id``, else ``written_by``), else ``untrusted_key``.
+    """
+    sig = response.signature
+    if sig is None:
+        if response.outcome in _HOLDER_OUTCOMES or spec.unsigned != "refuse":
+            return None
+        return "unsigned", "the answer carries no signature and the spec refuses unsigned ones"
+    if not spec.signers:
+        return None
+    node = response.executor.node_id if response.executor is not None else response.written_by
+    keys = spec.signers.get(node)
+    if not keys:
+        return "untrusted_key", f"the spec trusts no key for node {node!r}"
+    problems = []
+    for text in keys:
+        try:
+            raw = public_key_from_text(text)
+        except ValueError as exc:
+            problems.append(f"unusable key in the spec: {exc}")
+            continue
+        problem = response_signature_problem(response, raw)
+        if problem is None:
+            return None
+        problems.append(problem)
+    return "untrusted_key", f"not signed by a key the spec trusts for node {node!r}: " + (
+        "; ".join(problems))
+
+
+#: The Kafka record header in which a lease holder signs what it writes on ``.out``.
+HOLDER_SIG_HEADER = "fx-holder-sig"
+
+
+def holder_signature(key: SigningKey, value: bytes) -> bytes:
+    """The ``fx-holder-sig`` header value of the record ``value``: ``<key id>:<base64 of the
+    signature over value>`` (the bytes on ``.out`` themselves, so the request, its hash and
+    replay are unchanged)."""
+    return f"{key.key_id}:{base64.b64encode(key.sign(value)).decode()}".encode()
+
+
+def holder_signature_problem(value: bytes, header: bytes | None,
+                             public_key_text: str) -> str | None:
+    """Why ``header`` is not a valid ``fx-holder-sig`` of ``value`` by the holder key
+    ``public_key_text`` (a claim's ``holder_key``), or None when it is. Pure."""
+    if header is None:
+        return "the record carries no holder signature"
+    try:
+        raw = public_key_from_text(public_key_text)
+        kid, _, b64 = header.decode("ascii").rpartition(":")
+        signature = base64.b64decode(b64, validate=True)
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        return f"unusable holder signature or key: {exc}"
+    if kid != key_id(raw):
+        return f"signed by key {kid[:80]}, not the epoch's holder key {key_id(raw)}"
+    if not verify(raw, signature, value):
+        return "the holder signature does not verify"
     return None

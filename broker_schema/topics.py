@@ -26,6 +26,10 @@ _MAX_TOPIC_LEN = 249
 
 WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
+#: The streams ``fx trim`` may delete records of (below the audit horizon), in the order plans
+#: are printed; ``.spec`` and ``.claims`` are never trimmed. Also the only topics any role of
+#: ``fx acl apply`` may DELETE (records, never the topic: see ``fx_kafka.acl``).
+TRIMMED = ("in", "out", "resp", "merge")
 #: The streams of one shadow evaluation (``wl.<id>.shadow.<eval>.<stream>``): its definition
 #: and report (``eval``), the requests it re-issues (``out``) and the executors' answers
 #: (``resp``). Never read by the live holder, never written by it.

@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,11 +57,29 @@ def make_templates(bootstrap: str) -> Jinja2Templates:
 
 
 def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | None = None,
-               refresh_s: float = 1.0) -> FastAPI:
+               refresh_s: float = 1.0, allowed_hosts: Sequence[str] = ()) -> FastAPI:
     """The console for the cluster at ``bootstrap``. ``store``/``artifact``: where the verify
     action finds the committed integer artifacts (as ``fx verify --store/--artifact``; the
-    engine's cache is always tried)."""
+    engine's cache is always tried). ``allowed_hosts``: host names it answers to besides the
+    loopback ones (:data:`views.LOCAL_HOSTS`); any other ``Host`` header is a 400, and a
+    cross-origin request that would change something a 403 (:func:`views.origin_problem`)."""
     app = FastAPI(title="fx console", docs_url=None, redoc_url=None, openapi_url=None)
+    hosts = (*views.LOCAL_HOSTS, *allowed_hosts)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Any) -> Response:
+        headers = request.headers
+        problem = views.host_problem(headers.get("host"), hosts)
+        status = 400
+        if problem is None:
+            problem = views.origin_problem(request.method, headers.get("host"),
+                                           headers.get("origin"), headers.get("sec-fetch-site"))
+            status = 403
+        if problem is not None:
+            return PlainTextResponse(problem + "\n", status_code=status)
+        response: Response = await call_next(request)
+        return response
+
     cluster = Cluster(bootstrap, refresh_s=refresh_s)
     app.state.cluster = cluster
     templates = make_templates(bootstrap)

@@ -31,6 +31,7 @@ from broker_schema import (
     decode,
     topics,
 )
+from broker_schema.binding import epoch_refused
 
 #: The workload streams in the order a timeline lists records appended in the same millisecond.
 STREAM_ORDER = topics.STREAMS
@@ -130,6 +131,12 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     except DecodeError as exc:
         return Row(**base, kind="undecodable", outcome="undecodable",  # type: ignore[arg-type]
                    summary=short(str(exc), 120))
+    allowed = topics.STREAM_KINDS.get(stream)
+    if allowed is not None and rec.kind not in allowed:
+        # every reader reads only its own stream's kinds: a claim on .in names no holder
+        return Row(**base, kind=rec.kind, outcome="wrong_stream",  # type: ignore[arg-type]
+                   summary=f"a {rec.kind} record does not belong on .{stream} (it holds "
+                   f"{', '.join(sorted(allowed))}): ignored by every reader")
     if isinstance(rec, InputRecord):
         return Row(**base, kind="input", who=rec.source,  # type: ignore[arg-type]
                    summary=_body_text(rec.body))
@@ -317,8 +324,14 @@ def summarize(workload_id: str, rows: Iterable[Row],
     for row in rows:
         out.records += 1
         out.last_ms = row.time_ms if out.last_ms is None else max(out.last_ms, row.time_ms)
-        if row.kind == "claim" and (out.epoch is None or (row.epoch or 0) >= out.epoch):
-            out.epoch, out.holder = row.epoch, row.who
+        if row.kind == "claim":
+            # the holder comes from .claims only, and from a claim every reader accepts
+            # (broker_schema.binding: not too far above the highest before it)
+            if (row.stream == "claims" and row.outcome != "wrong_stream"
+                    and row.epoch is not None
+                    and not epoch_refused(row.epoch, out.epoch or 0)
+                    and (out.epoch is None or row.epoch >= out.epoch)):
+                out.epoch, out.holder = row.epoch, row.who
         elif row.kind == "request" and row.effect_id:
             asked.add(row.effect_id)
             kind_of[row.effect_id] = row.effect_kind or "?"
@@ -617,3 +630,43 @@ def node_facts(facts: Iterable[FactsRecord], now_us: int | None = None) -> list[
             list(f.accelerators), f.key_id, f.updated_us,
             None if now_us is None else round((now_us - f.updated_us) / 1e6, 1)))
     return out
+
+
+# ------------------------------------------------------------------------- request guards
+#: Host names the console answers to by default: the loopback ones (it has no login).
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def host_problem(host: str | None, allowed: Sequence[str]) -> str | None:
+    """Why a request whose ``Host`` header is ``host`` is refused, or None: its name (the port
+    aside) must be one of ``allowed`` (a DNS-rebinding page that reaches the console through a
+    name of its own is turned away, issue 30). Pure."""
+    if not host:
+        return "the request has no Host header"
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[:name.find("]") + 1] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    if name in {a.lower() for a in allowed}:
+        return None
+    return f"Host {host[:100]!r} is not one this console answers to ({', '.join(allowed)})"
+
+
+def origin_problem(method: str, host: str | None, origin: str | None,
+                   fetch_site: str | None) -> str | None:
+    """Why a request that changes something (any method but GET, HEAD, OPTIONS) is refused as
+    cross-origin, or None: an ``Origin`` header must name this console's own ``Host``, and a
+    browser's ``Sec-Fetch-Site`` must not say ``cross-site`` (issue 30: a page elsewhere could
+    make the browser POST to verify). Pure."""
+    if method.upper() in ("GET", "HEAD", "OPTIONS"):
+        return None
+    if fetch_site is not None and fetch_site.lower() == "cross-site":
+        return "a cross-site request may not change anything here"
+    if origin is not None and origin != "null":
+        _, _, rest = origin.partition("://")
+        if rest.rstrip("/").lower() != (host or "").lower():
+            return f"Origin {origin[:100]!r} is not this console ({host!r})"
+    elif origin == "null":
+        return "a request from an opaque origin may not change anything here"
+    return None

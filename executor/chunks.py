@@ -108,7 +108,7 @@ class FsChunkStore:
             data = self.path(ref.hash, workload).read_bytes()
         except FileNotFoundError:
             raise OutcomeError("input_missing", f"no chunk {ref.hash} of workload {workload} "
-                               f"in {self.root}") from None
+                               "in this executor's chunk store") from None
         return check_chunk(ref, data)
 
     def put_sync(self, data: bytes, *, workload: str,

@@ -241,6 +241,32 @@ def _env_overrides(environ: Mapping[str, str], fields: Mapping[str, Any], prefix
     return out
 
 
+def misplaced_settings(loaded: Mapping[str, Any], table: str,
+                       fields: Mapping[str, Any]) -> str | None:
+    """Why a config file's top level is wrong, or None. When the file has a ``[table]``, every
+    setting belongs in it: anything else at the top level would be silently dropped (issue 30:
+    a top-level ``[kafka_security]`` beside ``[executor]`` left the service on plaintext), so it
+    is refused, naming where a known setting belongs. Pure."""
+    if table not in loaded:
+        return None
+    if not isinstance(loaded[table], dict):
+        return f"[{table}] must be a table"
+    stray = sorted(k for k in loaded if k != table)
+    if not stray:
+        return None
+    parts = []
+    for key in stray:
+        if key in fields:
+            kind = "table" if isinstance(loaded[key], dict) else "setting"
+            where = f"[{table}.{key}]" if kind == "table" else f"{key} = ... under [{table}]"
+            parts.append(f"the {kind} {key!r} is at the top level, where it is ignored: it "
+                         f"belongs in [{table}] (write it as {where})")
+        else:
+            parts.append(f"{key!r} at the top level is not a setting of [{table}] (known: "
+                         f"{', '.join(sorted(fields))})")
+    return "; ".join(parts)
+
+
 def load_settings(
     cls: type[_Settings],
     path: str | Path | None,
@@ -267,6 +293,9 @@ def load_settings(
             raise ConfigError(f"{p}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a table/object")
+        problem = misplaced_settings(loaded, table, cls.model_fields)
+        if problem is not None:
+            raise ConfigError(f"{p}: {problem}")
         data.update(loaded.get(table, loaded))
     data.update(_env_overrides(os.environ if environ is None else environ, cls.model_fields,
                                prefix, table))

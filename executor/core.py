@@ -35,13 +35,14 @@ applied (:func:`broker_schema.binding.shadow_models`, the evaluation's definitio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import JsonValue
 
-from broker_schema.binding import shadow_models, spec_in_force
+from broker_schema.binding import claim_problem, shadow_models, spec_in_force
 from broker_schema.records import (
     AcceptedRecord,
     Body,
@@ -58,6 +59,7 @@ from broker_schema.records import (
     Timing,
 )
 from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
+from broker_schema.signatures import holder_signature_problem
 
 __all__ = [
     "RENEW_FRACTION",
@@ -74,8 +76,10 @@ __all__ = [
     "chunk_problem",
     "decide",
     "error_response",
+    "holder_problem",
     "input_problem",
     "ok_response",
+    "redact",
     "refusal",
     "renewal_due",
     "renewed",
@@ -126,6 +130,10 @@ class InFlight:
     #: Broker append time of the request plus its ``deadline_ms``.
     deadline_at_ms: int
     received_us: int
+    #: ``sha256:`` of the request's bytes on ``.out`` (:func:`broker_schema.request_hash`),
+    #: carried by its ``accepted`` and response: the holder merges only the answer to its own
+    #: request (issue 30). None when the service did not give it.
+    request_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,9 +224,15 @@ class ExecutorState:
         node_id: str,
         kinds: Mapping[str, int],
         engine_info: ExecutorInfo,
+        private_paths: Iterable[str] = (),
     ) -> None:
         #: This node's id (``written_by`` and ``accepted.node_id``).
         self.node_id = node_id
+        #: Directories of this machine that no answer names (model store, chunk store, key):
+        #: :func:`redact` takes them out of every error message written.
+        self.private_paths = tuple(sorted({p.rstrip("/") for p in private_paths
+                                           if p.startswith("/") and p.strip("/")},
+                                          key=len, reverse=True))
         #: Effect kinds served -> queue limit (requests waiting plus running).
         self.queue_limits: dict[str, int] = dict(kinds)
         #: What refusals name as their executor: no engine ran for them.
@@ -236,8 +250,15 @@ class ExecutorState:
         """The view of ``workload_id`` (created empty on first use)."""
         return self.workloads.setdefault(workload_id, WorkloadView())
 
+    def claim_refused(self, claim: ClaimRecord) -> str | None:
+        """Why ``claim`` (read next on its workload's ``.claims``) is refused, or None: its
+        epoch is too far above the highest seen (:func:`broker_schema.binding.claim_problem`).
+        A refused claim is not observed; the service writes it to ``sys.rejects``."""
+        return claim_problem(claim, self.workload(claim.workload_id).highest_epoch)
+
     def observe_claim(self, claim: ClaimRecord) -> bool:
-        """Record a lease claim; True when it raised the workload's highest epoch."""
+        """Record a lease claim; True when it raised the workload's highest epoch. The caller
+        asks :meth:`claim_refused` first."""
         view = self.workload(claim.workload_id)
         if claim not in view.claims:
             view.claims.append(claim)
@@ -292,6 +313,7 @@ def refusal(
     *,
     code: ErrorCode | None,
     message: str = "",
+    request_hash: str | None = None,
 ) -> Refuse:
     """A refusal of ``request`` (read at ``request_offset``): an unsigned ``error`` response
     with ``code``, or ``backpressure`` when ``code`` is None. No ``accepted`` precedes it."""
@@ -301,11 +323,13 @@ def refusal(
             header=request.header,
             request_offset=request_offset,
             outcome="error" if code is not None else "backpressure",
-            error=ErrorInfo(code=code, message=message) if code is not None else None,
+            error=(ErrorInfo(code=code, message=redact(message, state.private_paths))
+                   if code is not None else None),
             model_hash=None,
             executor=state.refusal_executor,
             timing=Timing(received_us=received_us),
             written_by=state.node_id,
+            request_hash=request_hash,
         )
     )
 
@@ -321,12 +345,15 @@ def decide(
     now_ms: int,
     now_us: int,
     model_status: ModelStatus,
+    request_hash: str | None = None,
 ) -> Decision:
     """Apply the rules of this module's docstring to one request read at ``offset``.
 
     ``append_ms`` is the record's broker append time; ``now_ms``/``now_us`` the executor clock at
     reading time; ``model_status`` the store's answer for ``request.model`` (``ready`` when the
-    request names no model). On :class:`Admit` the job is entered into the in-flight table.
+    request names no model); ``request_hash`` the hash of the request's bytes as read
+    (:func:`broker_schema.request_hash`), put in every record written for it. On
+    :class:`Admit` the job is entered into the in-flight table.
     """
     kind = request.effect_kind
     if kind not in state.queue_limits:
@@ -335,7 +362,8 @@ def decide(
         return Ignore("already in flight here")
 
     def refuse(code: ErrorCode, message: str) -> Refuse:
-        return refusal(state, request, offset, now_us, code=code, message=message)
+        return refusal(state, request, offset, now_us, code=code, message=message,
+                       request_hash=request_hash)
 
     header = request.header
     view = state.workload(header.workload_id)
@@ -379,7 +407,7 @@ def decide(
         return refuse("model_hash_mismatch", f"stored file for {request.model} fails its hash")
     limit = state.queue_limits[kind]
     if state.queue_depth(kind) >= limit:
-        return refusal(state, request, offset, now_us, code=None)
+        return refusal(state, request, offset, now_us, code=None, request_hash=request_hash)
     job = InFlight(
         effect_id=request.effect_id,
         request=request,
@@ -388,6 +416,7 @@ def decide(
         request_offset=offset,
         deadline_at_ms=deadline_at,
         received_us=now_us,
+        request_hash=request_hash,
     )
     state.in_flight[job.effect_id] = job
     lease_ms = spec.executor_lease_ms
@@ -398,6 +427,7 @@ def decide(
         node_id=state.node_id,
         lease_ms=lease_ms,
         accepted_us=now_us,
+        request_hash=request_hash,
     )
     return Admit(accepted=accepted, job=job)
 
@@ -419,6 +449,40 @@ def renewed(accepted: AcceptedRecord, now_us: int) -> AcceptedRecord:
     as the start of the lease (``workload_sdk._core``), so ``unknown`` is written only
     ``lease_ms`` after the last renewal: when the executor is really gone."""
     return accepted.model_copy(update={"accepted_us": now_us})
+
+
+def holder_problem(state: ExecutorState, request: EffectRequest, value: bytes,
+                   signature: bytes | None) -> str | None:
+    """Why ``request`` (its bytes ``value``, its ``fx-holder-sig`` header ``signature``) is not
+    the current holder's, or None. The first claim of the request's epoch names the holder's
+    key (``holder_key``): the request must carry that key's signature over its bytes. A claim
+    without one (written before the field existed) and a shadow request (written by
+    ``fx shadow``) are not checked; an epoch no claim names is refused when the workload's
+    holders sign (any claim names a key), else left to :func:`decide`. The
+    service writes a refused request to ``sys.rejects`` (``not_holder``) and never answers it
+    (issue 30: a front-running request is not run). Pure."""
+    header = request.header
+    if header.shadow is not None:
+        return None
+    view = state.workloads.get(header.workload_id)
+    if view is None:
+        return None
+    claim = next((c for c in view.claims if c.epoch == header.epoch and c.from_seq is None),
+                 None)
+    if claim is None:
+        # the service reads .claims up to its end before judging a request, and a holder
+        # claims before it writes: no claim of the epoch where holders sign is not a holder's
+        if any(c.holder_key is not None for c in view.claims):
+            return (f"request {request.effect_id}: no claim of epoch {header.epoch} names its "
+                    "holder (this workload's holders sign their requests)")
+        return None
+    if claim.holder_key is None:
+        return None
+    problem = holder_signature_problem(value, signature, claim.holder_key)
+    if problem is None:
+        return None
+    return (f"request {request.effect_id} is not the epoch {header.epoch} holder's "
+            f"({claim.holder_id!r}): {problem}")
 
 
 def input_problem(request: EffectRequest, spec: SpecRecord | None) -> str | None:
@@ -473,13 +537,29 @@ def ok_response(
             request_offset=job.request_offset, outcome="ok", output=output,
             model_hash=model_hash, executor=executor, written_by=state.node_id, receipt=receipt,
             timing=Timing(received_us=job.received_us, started_us=started_us,
-                          finished_us=finished_us))
+                          finished_us=finished_us), request_hash=job.request_hash)
     timing = Timing.model_construct(received_us=job.received_us, started_us=started_us,
                                     finished_us=finished_us)
     return ResponseRecord.model_construct(
         effect_id=job.effect_id, header=job.request.header, request_offset=job.request_offset,
         outcome="ok", output=output, model_hash=model_hash, executor=executor,
-        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None)
+        written_by=state.node_id, receipt=receipt, timing=timing, error=None, signature=None,
+        request_hash=job.request_hash)
+
+
+#: What :func:`redact` writes for a server path.
+REDACTED_PATH = "<server path>"
+
+
+def redact(message: str, paths: Iterable[str]) -> str:
+    """``message`` with every one of ``paths`` (and what lies under it) replaced by
+    :data:`REDACTED_PATH`: an answer is read by whoever may read ``.resp``, and says nothing of
+    the executor's file system (issue 30: ``input_missing`` named its ``chunk_dir``). Longest
+    paths first. Pure."""
+    for path in paths:
+        if path and path in message:
+            message = re.sub(re.escape(path) + r"[^\s'\")]*", REDACTED_PATH, message)
+    return message
 
 
 def _plain_receipt(receipt: Mapping[str, object] | None) -> bool:
@@ -507,11 +587,12 @@ def error_response(
         header=job.request.header,
         request_offset=job.request_offset,
         outcome="error",
-        error=ErrorInfo(code=code, message=message[:4096]),
+        error=ErrorInfo(code=code, message=redact(message, state.private_paths)[:4096]),
         model_hash=model_hash,
         executor=executor or state.refusal_executor,
         timing=Timing(received_us=job.received_us, started_us=started_us, finished_us=finished_us),
         written_by=state.node_id,
+        request_hash=job.request_hash,
     )
 
 

@@ -39,7 +39,9 @@ class HealthView(Protocol):
 
 def create_app(view: HealthView, *, title: str = "ninelives-fx executor") -> FastAPI:
     """The FastAPI app over ``view`` (the executor's, or the actuator gateway's)."""
-    app = FastAPI(title=title, docs_url=None, redoc_url=None)
+    # no /openapi.json, /docs or /redoc: a service answers its health, readiness and metrics
+    # paths only (issue 30)
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/v2/health/live")
     async def live() -> Response:

@@ -59,6 +59,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -76,7 +77,7 @@ from aiokafka.errors import (
 
 from broker_schema import DecodeError, topics
 from broker_schema.canonical import sha256_hex
-from broker_schema.codec import decode, encode
+from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     AcceptedRecord,
     EffectRequest,
@@ -86,6 +87,7 @@ from broker_schema.records import (
     RejectedRecord,
     ResponseRecord,
 )
+from broker_schema.signatures import HOLDER_SIG_HEADER
 from executor.accelerators import node_devices
 from executor.answering import AnswerMixin, _now_us
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
@@ -98,6 +100,7 @@ from executor.core import (
     OffsetTracker,
     Refuse,
     decide,
+    holder_problem,
     renewal_due,
     renewed,
 )
@@ -121,6 +124,7 @@ from executor.scheduler import HANDLER_KEY, Job, Scheduler
 from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import (
     MIRROR_OFFSET_HEADER,
+    header_value,
     make_consumer,
     make_producer,
     mirror_header,
@@ -188,6 +192,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
                 engine_version=executor_version(),
                 device_class=device,
             ),
+            private_paths=(os.path.abspath(config.model_dir), os.path.abspath(config.chunk_dir),
+                           os.path.dirname(os.path.abspath(config.key_file))),
         )
         for kind, limit in config.kinds.items():
             self.metrics.queue_limit.labels(kind).set(limit)
@@ -266,7 +272,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         await self._side.start()
         self._sync = ClaimsSpecReader(
             self.state, self._side, self._probe,
-            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc())
+            on_undecodable=lambda code: self.metrics.rejected.labels(code).inc(),
+            on_rejected=self._reject_claim)
         preload = self.store.hashes() if cfg.preload == "all" else list(cfg.preload)
         for model_hash in preload:
             try:
@@ -693,6 +700,15 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         if sync_key not in synced:
             await self._sync_workload(workload_id, shadow=shadow)
             synced.add(sync_key)
+        not_holders = holder_problem(self.state, record, msg.value,
+                                     header_value(getattr(msg, "headers", None),
+                                                  HOLDER_SIG_HEADER))
+        if not_holders is not None:
+            # a request its epoch's holder did not sign (front-running): never run, recorded
+            self.metrics.ignored.labels("not_holder").inc()
+            await self._reject(msg, "not_holder", not_holders)
+            tracker.done(key, msg.offset)
+            return
         await self._wait_for_room(kind, record)
         status = await self._request_status(kind, record)
         now_ns = time.time_ns()
@@ -709,6 +725,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
             now_ms=now_ns // 1_000_000,
             now_us=now_ns // 1000,
             model_status=status,
+            request_hash=request_hash(msg.value),
         )
         read_mono = time.monotonic()
         if isinstance(decision, Ignore):
@@ -765,6 +782,10 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         while (self.state.queue_depth(kind) >= limit and not self._stopping
                and time.monotonic() < give_up):
             await asyncio.sleep(0.01)
+
+    def _reject_claim(self, msg: Any, code: RejectCode, detail: str) -> None:
+        """A claim refused by the claims reader (``epoch_jump``): to ``sys.rejects``."""
+        self._spawn(self._reject(msg, code, detail))
 
     async def _reject(self, msg: Any, code: RejectCode, detail: str) -> None:
         self.metrics.rejected.labels(code).inc()
@@ -873,3 +894,4 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         log.info("%s: partitions assigned: %s", self.kind, sorted(
             (tp.topic, tp.partition) for tp in assigned))
+

@@ -22,7 +22,13 @@ from aiokafka.errors import KafkaError
 
 from broker_schema import DecodeError, topics
 from broker_schema.codec import decode
-from broker_schema.records import ClaimRecord, ShadowEvalRecord, ShadowReportRecord, SpecRecord
+from broker_schema.records import (
+    ClaimRecord,
+    RejectCode,
+    ShadowEvalRecord,
+    ShadowReportRecord,
+    SpecRecord,
+)
 from executor.core import ExecutorState
 from fx_kafka.client import check_authorized
 
@@ -53,7 +59,8 @@ async def catch_up(read: Callable[[str, str | None], Awaitable[None]], workload_
 class ClaimsSpecReader:
     """Reads ``.claims`` and ``.spec`` of the workloads seen so far with one side consumer
     (``side``, assigned here) and looks offsets up with ``probe`` (a consumer that fetches
-    nothing). ``on_undecodable(code)`` counts a record that does not decode.
+    nothing). ``on_undecodable(code)`` counts a record that does not decode;
+    ``on_rejected(msg, code, detail)`` is told of a claim refused (``epoch_jump``).
 
     The side consumer's partitions stay paused between reads, so it has no long-poll fetch in
     flight when a read needs its connection (Kafka answers the requests of one connection in
@@ -63,9 +70,12 @@ class ClaimsSpecReader:
     nor a re-read of what was read already, however many workloads are watched."""
 
     def __init__(self, state: ExecutorState, side: AIOKafkaConsumer, probe: AIOKafkaConsumer,
-                 *, on_undecodable: Callable[[str], None]) -> None:
+                 *, on_undecodable: Callable[[str], None],
+                 on_rejected: Callable[[Any, RejectCode, str], None] | None = None) -> None:
         self.state, self.side, self.probe = state, side, probe
         self.on_undecodable = on_undecodable
+        #: (record, code, detail) of a record refused after decoding (a claim too far ahead)
+        self.on_rejected = on_rejected
         self._lock = asyncio.Lock()
         self._watched: dict[str, list[TopicPartition]] = {}
 
@@ -125,6 +135,12 @@ class ClaimsSpecReader:
             self.on_undecodable(exc.code)
             return
         if isinstance(record, ClaimRecord) and record.workload_id == workload_id:
+            problem = self.state.claim_refused(record)
+            if problem is not None:
+                log.warning("refused claim at %s offset %d: %s", msg.topic, msg.offset, problem)
+                if self.on_rejected is not None:
+                    self.on_rejected(msg, "epoch_jump", problem)
+                return
             self.state.observe_claim(record)
         elif isinstance(record, SpecRecord) and record.workload_id == workload_id:
             self.state.observe_spec(record, msg.offset)

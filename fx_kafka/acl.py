@@ -12,8 +12,11 @@ executor      reads ``wl.<id>.out``, ``.claims``, ``.spec`` and ``.in`` (an inpu
               role too: it also reads and writes its memory ``sys.actuator.<node>`` (PREFIXED)
               and joins ``<actuator group prefix>.<kind>``; its telemetry inputs need the
               producer role's write on ``wl.<id>.in``.
-holder        owns its own workload's streams (every topic ``wl.<id>.*``: read, write, create,
-              describe their configs, delete records for ``fx trim``), its transactional id
+holder        reads, creates and describes (configs too) every topic of its own workload
+              (``wl.<id>.*``, PREFIXED); writes ``.out``, ``.resp``, ``.merge`` and
+              ``.claims`` only (never ``.spec``: a spec's grants are worth what its writer may
+              read, issue 30; nor ``.in``); deletes records of ``.in/.out/.resp/.merge`` for
+              ``fx trim`` (DELETE on those LITERAL names); its transactional id
               ``fx-holder.<id>`` and the election group ``fx-holder-elect.<id>``; reads
               ``sys.facts`` (placement, signature checks) and ``sys.keys`` (signature checks
               with ``--fleet-key``) and writes (and may create) ``sys.alarms`` (the alarm
@@ -107,6 +110,14 @@ class Operation(IntEnum):
 
 
 _ALLOW = 3
+
+#: The streams of its own workload a holder writes (``.spec`` and ``.in`` are not among them).
+HOLDER_WRITES = ("out", "resp", "merge", "claims")
+#: The streams ``fx trim`` deletes records of (below the audit horizon): the only topics any
+#: role gets DELETE on. Kafka's DELETE on a topic allows DeleteRecords *and* DeleteTopics; the
+#: secured broker runs with ``delete.topic.enable=false`` (``fx broker start --secure``), so it
+#: is records only.
+TRIMMED = topics.TRIMMED
 _ANY_PERMISSION = 1
 
 
@@ -180,6 +191,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # the node key history, for its signature checks with a fleet key (read only)
         out += _grant(_user(roles.holder), T, topics.KEYS, LIT, R, D)
         out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
+        # its rejects: a tick on .resp that the holder of its epoch did not write
+        out += _grant(_user(roles.holder), T, topics.REJECTS, LIT, W, D, C)
         # its metrics: the executors' and gateways' committed offsets on .out (list and
         # fetch offsets; DESCRIBE reads, it never joins or commits)
         out += _grant(_user(roles.holder), G, f"{roles.executor_group_prefix}.", PRE, D)
@@ -197,8 +210,14 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
             out += _grant(ex, T, topics.shadow_prefix(wid), PRE, R, W, D)
         if roles.holder:
             ho = _user(roles.holder)
-            out += _grant(ho, T, topics.prefix(wid), PRE, R, W, C, D, Operation.DESCRIBE_CONFIGS,
-                          Operation.DELETE)
+            # read, create and describe every topic of the workload; write only the streams it
+            # writes: never .spec (a spec's grants are worth what its writer may read, and only
+            # the operator, who reads every topic, writes specs) nor .in
+            out += _grant(ho, T, topics.prefix(wid), PRE, R, C, D, Operation.DESCRIBE_CONFIGS)
+            for name in HOLDER_WRITES:
+                out += _grant(ho, T, topics.stream(wid, name), LIT, W)
+            for name in TRIMMED:
+                out += _grant(ho, T, topics.stream(wid, name), LIT, Operation.DELETE)
             out += _grant(ho, X, f"fx-holder.{wid}", LIT, W, D)
             # the holder election's consumer group (workload_sdk._election)
             out += _grant(ho, G, f"fx-holder-elect.{wid}", LIT, R, D)
@@ -210,9 +229,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
             out += _grant(op, T, topics.spec(wid), LIT, W)
             # fx shadow writes an evaluation's definition, requests and timeouts
             out += _grant(op, T, topics.shadow_prefix(wid), PRE, W)
-            for name in (topics.inputs(wid), topics.out(wid), topics.resp(wid),
-                         topics.merge(wid)):
-                out += _grant(op, T, name, LIT, Operation.DELETE)
+            for name in TRIMMED:
+                out += _grant(op, T, topics.stream(wid, name), LIT, Operation.DELETE)
     return sorted(set(out))
 
 

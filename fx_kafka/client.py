@@ -46,6 +46,7 @@ __all__ = [
     "broker_count",
     "check_authorized",
     "create_topics",
+    "header_value",
     "make_admin",
     "make_consumer",
     "make_producer",
@@ -331,6 +332,14 @@ def make_consumer(
 MIRROR_OFFSET_HEADER = "fx.mirror.offset"
 MIRROR_SITE_HEADER = "fx.mirror.site"
 MIRROR_LOG_START_HEADER = "fx.mirror.log_start"
+
+
+def header_value(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
+    """The value of the first header ``name`` of a consumer record's ``headers``, or None."""
+    for key, value in headers or ():
+        if key == name:
+            return bytes(value or b"")
+    return None
 
 
 def mirror_header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> int | None:

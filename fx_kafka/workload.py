@@ -211,9 +211,15 @@ async def ensure_alarms_topic(bootstrap: str) -> None:
                         configs={"retention.ms": "-1", "retention.bytes": "-1"})
 
 
+async def ensure_rejects_topic(bootstrap: str) -> None:
+    """Create ``sys.rejects`` if missing: the lease holder writes a tick its epoch's holder did
+    not write there, in a transaction (which a missing topic would fail)."""
+    await create_topics(bootstrap, [topics.REJECTS])
+
+
 async def ensure_system_topics(bootstrap: str) -> None:
     """Create ``sys.facts`` and ``sys.chunks`` (compacted), ``sys.rejects`` and ``sys.alarms``
     (one partition, no retention: alarms are history) if missing."""
     await create_topics(bootstrap, [topics.FACTS, topics.CHUNKS], compacted=True)
-    await create_topics(bootstrap, [topics.REJECTS])
+    await ensure_rejects_topic(bootstrap)
     await ensure_alarms_topic(bootstrap)

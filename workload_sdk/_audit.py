@@ -71,8 +71,9 @@ checked in full. :attr:`AuditReport.result` is ``violated`` when any invariant i
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -88,7 +89,9 @@ from broker_schema import (
     SnapshotRecord,
     TickRecord,
     decode,
+    encode,
 )
+from broker_schema.binding import claim_problem
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import Core
 from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
@@ -300,10 +303,14 @@ class _Claims:
 
 
 def _read_claims(rd: _Reader, log: WorkloadLog) -> _Claims:
+    """The claims every reader goes by: one too far above the highest before it
+    (:func:`broker_schema.binding.claim_problem`) is left out (``epochs`` reports it)."""
     found = []
+    highest = 0
     for rec, record in rd.records(log["claims"]):
-        if isinstance(record, ClaimRecord):
+        if isinstance(record, ClaimRecord) and claim_problem(record, highest) is None:
             found.append((rec.offset, rec.time_ms, record))
+            highest = max(highest, record.epoch)
     return _Claims(found)
 
 
@@ -432,9 +439,16 @@ def _snapshot_pending(snap: SnapshotRecord | None,
 # ------------------------------------------------------------------------------------ out_once
 
 
-def _check_out_once(rd: _Reader, log: WorkloadLog, inv: InvariantResult) -> None:
+Doubles = dict[tuple[int, int], list[tuple[int, bytes]]]
+
+
+def _check_out_once(rd: _Reader, log: WorkloadLog, inv: InvariantResult) -> Doubles:
+    """File the records that do not belong on ``.out`` and the slots written twice with the
+    same bytes; return the slots that hold records with *other* bytes (every record of each),
+    judged by :func:`_file_doubles` once replay says which one is the step's output."""
     out = log["out"]
     slots: dict[tuple[int, int], tuple[int, bytes]] = {}
+    doubles: Doubles = {}
     for rec, record in rd.records(out):
         if isinstance(record, DecodeError):
             inv.violate(out.topic, rec.offset, f"not a record ({record.code}): {out.topic} "
@@ -450,12 +464,40 @@ def _check_out_once(rd: _Reader, log: WorkloadLog, inv: InvariantResult) -> None
         if first is None:
             slots[slot] = (rec.offset, rec.value)
             continue
-        same = "the same bytes" if first[1] == rec.value else "other bytes"
+        if first[1] != rec.value:
+            doubles.setdefault(slot, [first]).append((rec.offset, rec.value))
+            continue
         inv.violate(out.topic, rec.offset, f"slot (input_offset {slot[0]}, index {slot[1]}) "
-                    f"is written again ({record.header.effect_id}, {same}); first at "
+                    f"is written again ({record.header.effect_id}, the same bytes); first at "
                     f"{out.topic}@{first[0]}")
     inv.counts["slots"] = len(slots)
+    return doubles
 
+
+def _file_doubles(log: WorkloadLog, doubles: Doubles, computed: Mapping[tuple[int, int], Any],
+                  inv: InvariantResult) -> None:
+    """Slots of ``.out`` holding records with other bytes. Where replay computed the slot's
+    output, the record with its bytes is the lease holder's and every other one is a stray
+    another writer of ``.out`` put there (issue 30: front-running), named as such, not blamed on
+    the holder; otherwise which one is the holder's is not known and the slot is filed as
+    written twice."""
+    out = log["out"]
+    for slot, records in sorted(doubles.items()):
+        want = encode(computed[slot]) if slot in computed else None
+        holders = [o for o, v in records if v == want]
+        where = f"slot (input_offset {slot[0]}, index {slot[1]})"
+        if holders:
+            for offset, _ in records:
+                if offset not in holders:
+                    inv.bump("strays")
+                    inv.violate(out.topic, offset, f"a stray record in {where}: not the "
+                                "step's output (the lease holder's is at "
+                                f"{out.topic}@{holders[0]}); another writer of {out.topic} "
+                                "put it there, not the holder")
+            continue
+        for offset, _ in records[1:]:
+            inv.violate(out.topic, offset, f"{where} is written again (other bytes); first at "
+                        f"{out.topic}@{records[0][0]}")
 
 # -------------------------------------------------------------------------------------- epochs
 
@@ -468,6 +510,12 @@ def _check_epochs(rd: _Reader, log: WorkloadLog, claims: _Claims, inv: Invariant
         if isinstance(record, DecodeError) or not isinstance(record, ClaimRecord):
             found = record.code if isinstance(record, DecodeError) else record.kind
             inv.violate(claims_view.topic, rec.offset, f"not a claim ({found})")
+            continue
+        refused = claim_problem(record, 0 if highest is None else highest[0])
+        if refused is not None:
+            # not the holder's doing: every reader refuses it and goes on (issue 30)
+            inv.violate(claims_view.topic, rec.offset, f"refused claim, ignored by every "
+                        f"reader: {refused}")
             continue
         if record.from_seq is not None:
             # a spec adoption (broker_schema.binding): a claim of the current epoch by its own
@@ -661,9 +709,13 @@ def _merge_slice(log: WorkloadLog, lo: int, hi: int | None) -> WorkloadLog:
 
 
 def _fold_state(core: Core) -> dict[str, Any]:
-    """What a snapshot records of a core (the positions aside: they do not decide anything)."""
+    """What a snapshot records of a core (the positions aside: they do not decide anything;
+    a pending effect's ``request_hash`` aside too: it is the hash of the request the step
+    issued, which the output comparison checks byte for byte, and snapshots written before the
+    field existed do not record it)."""
     return {"seq": core.seq, "state_hash": core.state_hash,
-            "pending": {eid: asdict(p) for eid, p in core.pending.items()},
+            "pending": {eid: {k: v for k, v in asdict(p).items() if k != "request_hash"}
+                        for eid, p in core.pending.items()},
             "guessed": dict(core.guessed)}
 
 
@@ -688,12 +740,22 @@ class _Replays:
         self.workload, self.log, self.inv, self.recorded = workload, log, inv, recorded
         self.output_problems: dict[tuple[int, int, str], tuple[int | None, list[str]]] = {}
         self.computed: set[tuple[int, int]] = set()
+        #: every output a replay computed, by slot
+        self.outputs: dict[tuple[int, int], Any] = {}
+        #: every record on .out by slot (a stray beside the holder's record among them)
+        self.slot_offsets: dict[tuple[int, int], list[int]] = {}
+        view = log["out"]
+        for rec in view:
+            with contextlib.suppress(DecodeError):
+                record = decode(rec.value)
+                if isinstance(record, OutputRecord | EffectRequest):
+                    self.slot_offsets.setdefault(record.header.slot, []).append(rec.offset)
 
     def _outputs_of(self, result: ReplayResult) -> WorkloadLog:
         """``log`` with ``.out`` cut to the records of the slots ``result`` computed, so that
         comparing each replay's outputs reads each ``.out`` record once, not once per replay."""
         view = self.log["out"]
-        offsets = {self.recorded[s][0] for s in result.outputs if s in self.recorded}
+        offsets = {o for s in result.outputs for o in self.slot_offsets.get(s, ())}
         part = TopicView(view.topic, start=view.start, end=view.end,
                          records={o: view.records[o] for o in offsets})
         return WorkloadLog(self.log.workload_id, {**self.log.views, "out": part},
@@ -726,6 +788,7 @@ class _Replays:
         self.inv.bump("replays")
         self.inv.bump("outputs_compared", len(result.outputs))
         self.computed.update(result.outputs)
+        self.outputs.update(result.outputs)
         for p in problems:
             seq, index = p["slot"]
             key = (seq, index, p["problem"])
@@ -743,11 +806,12 @@ class _Replays:
 
 
 def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
-                  inv: InvariantResult, *, merge_settled: bool) -> None:
+                  inv: InvariantResult, *, merge_settled: bool) -> dict[tuple[int, int], Any]:
+    """File what replay finds; return the outputs it computed, by slot."""
     if workload is None:
         inv.skipped = True
         inv.note("skipped: no module given (fx audit --module MODULE:Class): replay was not run")
-        return
+        return {}
     merge, out = log["merge"], log["out"]
     snaps: list[tuple[int, SnapshotRecord]] = []
     for rec, record in rd.records(merge):
@@ -758,7 +822,7 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
         recorded = out_slots(log)
     except LogGap as exc:  # an undecodable record on .out (out_once names it)
         inv.gap(exc.topic, exc.offset, f"outputs cannot be compared: {exc}")
-        return
+        return {}
     runs = _Replays(workload, log, inv, recorded)
     trimmed = merge.start > 0
     full: ReplayResult | None = None
@@ -831,7 +895,7 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
     if end is None or covered_from is None:
         inv.note("output slots on .out not computed by replay: not checked (replay did not "
                  "complete)")
-        return
+        return runs.outputs
     inv.counts["steps"] = end.core.seq
     beyond = 0
     for slot, (offset, value) in sorted(recorded.items()):
@@ -853,6 +917,7 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
     if beyond:
         inv.note(f"{beyond} output(s) on .out of steps past the end of the merge log as read: "
                  "the log was still growing (a live holder); audit again to judge them")
+    return runs.outputs
 
 
 # --------------------------------------------------------------------------------------- audit
@@ -874,11 +939,12 @@ def audit(log: WorkloadLog, workload: Workload | None = None, *,
     rd = _Reader()
     claims = _read_claims(rd, log)
     _check_one_answer(rd, log, claims, invs["one_answer"])
-    _check_out_once(rd, log, invs["out_once"])
+    doubles = _check_out_once(rd, log, invs["out_once"])
     _check_epochs(rd, log, claims, invs["epochs"], clock_skew_ms)
     _check_signatures(rd, log, claims, key_history, invs["signatures"])
     _check_merge_order(rd, log, invs["merge_order"])
-    _check_replay(rd, log, workload, invs["replay"], merge_settled=merge_settled)
+    computed = _check_replay(rd, log, workload, invs["replay"], merge_settled=merge_settled)
+    _file_doubles(log, doubles, computed, invs["out_once"])
     report = AuditReport(workload_id=log.workload_id, invariants=list(invs.values()),
                          module_hash=None if workload is None else module_hash(workload),
                          key_history=key_history is not None)

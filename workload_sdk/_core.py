@@ -41,8 +41,10 @@ from broker_schema import (
     TickRecord,
     canonical_json,
     content_hash,
+    encode,
     is_hash,
     json_depth,
+    request_hash,
     topics,
 )
 from broker_schema import (
@@ -50,6 +52,7 @@ from broker_schema import (
 )
 from broker_schema.chunks import check_chunk, chunk_ref_of
 from broker_schema.refs import chunk_owner, ref_problem
+from broker_schema.signatures import answer_refusal
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -122,6 +125,23 @@ class Pending:
     deadline_ms: int
     accepted_ms: int | None = None
     lease_ms: int | None = None
+    #: ``sha256:`` of the request the step issued (its canonical bytes, what the holder writes
+    #: on ``.out``): only an answer carrying this ``request_hash`` is the answer to it (issue 30).
+    #: None only in a pending effect restored from a snapshot written before the field existed.
+    request_hash: str | None = None
+
+    def answers_it(self, record: AcceptedRecord | ResponseRecord) -> bool:
+        """Whether ``record`` answers (or accepts) the request this effect issued: its
+        ``request_hash`` is the request's, or it names none (a record written before the field
+        existed). Pure.
+
+        A record that names none is not refused here: the hash is the writer's claim, so a
+        forger who may write ``.resp`` can name the right one as easily as none; what binds a
+        genuine executor's answer is that it names the request it read, and the signature over
+        it (``unsigned = refuse``). What this refuses is the genuine answer to another request
+        with the same effect id: a stray written first on ``.out`` (issue 30, front-running)."""
+        return (self.request_hash is None or record.request_hash is None
+                or record.request_hash == self.request_hash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +235,10 @@ class Core:
     #: Mode A: where the step's local models are loaded from (:mod:`workload_sdk._local`);
     #: None: the process default (``FX_MODEL_DIR``). Not in snapshots.
     local: Any = None
+    #: Merge an answer only when it names the request the step issued (``request_hash``,
+    #: ``foreign_request`` otherwise): the live holder and replay. A shadow fold, whose
+    #: requests may differ from the recorded ones the recorded answers stand for, turns it off.
+    bind_answers: bool = True
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -339,14 +363,17 @@ class Core:
         parsed = _parse_effect_id(effect_id)
         return parsed is not None and parsed[0] == self.workload_id and parsed[1] >= self.seq
 
-    def classify(self, item: Item) -> Decision:
+    def classify(self, item: Item, spec: SpecRecord | None = None) -> Decision:
         """Deliver or pass over ``item``, without changing anything.
 
         Inputs are always delivered. On ``.resp``: a tick is skipped; an ``accepted`` is passed
         over as ``not_an_answer``; a response for a pending effect is delivered (the first answer
-        merged is the one the step sees); one for an effect that ended in ``timeout`` or
-        ``unknown`` is ``after_outcome``; one for another of this workload's past slots is a
-        ``duplicate``; anything else is an ``unknown_effect``.
+        merged is the one the step sees) when it answers the request the step issued (its
+        ``request_hash``), else it is a ``foreign_request``; one for an effect that ended in
+        ``timeout`` or ``unknown`` is ``after_outcome``; one for another of this workload's
+        past slots is a ``duplicate``; anything else is an ``unknown_effect``. Given the
+        ``spec`` in force, an answer it does not trust (:func:`broker_schema.signatures.
+        answer_refusal`: ``unsigned``, ``untrusted_key``) is passed over too.
         """
         record = item.record
         if isinstance(record, InputRecord):
@@ -357,6 +384,11 @@ class Core:
         if isinstance(record, AcceptedRecord):
             return Decision("pass_over", "not_an_answer", effect_id)
         if effect_id in self.pending:
+            if self.bind_answers and not self.pending[effect_id].answers_it(record):
+                return Decision("pass_over", "foreign_request", effect_id)
+            refused = None if spec is None else answer_refusal(record, spec)
+            if refused is not None:
+                return Decision("pass_over", refused[0], effect_id)
             return Decision("deliver", None, effect_id)
         if effect_id in self.guessed:
             return Decision("pass_over", "after_outcome", effect_id)
@@ -389,7 +421,7 @@ class Core:
         """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
         output records to write. Raises :class:`WorkloadError` when the step breaks a rule, and
         :class:`RefGap` when the step may read a referenced body the shell did not resolve."""
-        decision = self.classify(item)
+        decision = self.classify(item, spec)
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
             return Applied(decision, None)
@@ -402,8 +434,9 @@ class Core:
         if decision.action == "pass_over":
             if isinstance(record, AcceptedRecord) and record.effect_id in self.pending:
                 p = self.pending[record.effect_id]
-                p.accepted_ms = item.time_ms
-                p.lease_ms = record.lease_ms
+                if not self.bind_answers or p.answers_it(record):  # a stray's is no lease of ours
+                    p.accepted_ms = item.time_ms
+                    p.lease_ms = record.lease_ms
             return Applied(decision, entry)
         event: Event
         if isinstance(record, InputRecord):
@@ -475,7 +508,8 @@ class Core:
                 raise WorkloadError("bad_output", f"request {index}: {exc}", seq=seq) from exc
             records.append(req)
             issued.append(Pending(effect_id=header.effect_id, input_offset=seq, index=index,
-                                  epoch=epoch, effect_kind=out.effect_kind, deadline_ms=deadline))
+                                  epoch=epoch, effect_kind=out.effect_kind, deadline_ms=deadline,
+                                  request_hash=request_hash(encode(req))))
         if len(issued) > room:
             raise WorkloadError("outstanding_limit", f"the step issued {len(issued)} requests "
                                 f"with room for {room} (spec outstanding_limit "
@@ -606,7 +640,21 @@ def holder_outcome(p: Pending, *, request_offset: int, outcome: Literal["timeout
     header = EffectHeader(workload_id=workload_id, input_offset=p.input_offset, index=p.index,
                           epoch=p.epoch)
     return ResponseRecord(effect_id=p.effect_id, header=header, request_offset=request_offset,
-                          outcome=outcome, written_by=holder_id)
+                          outcome=outcome, written_by=holder_id, request_hash=p.request_hash)
+
+
+def tick_problem(tick: TickRecord, holders: Mapping[int, str]) -> str | None:
+    """Why ``tick`` (read on ``.resp``) is not the lease holder's, or None: ``holders`` maps
+    each claimed epoch to its holder id (from ``.claims``), and a tick names an epoch and the
+    holder of it. A tick written by anyone else is rejected (the holder logs it and writes it to
+    ``sys.rejects``, never takes it as its clock). Pure."""
+    holder = holders.get(tick.epoch)
+    if holder is None:
+        return f"tick of epoch {tick.epoch}, which no claim names"
+    if holder != tick.holder_id:
+        return (f"tick of epoch {tick.epoch} names holder {tick.holder_id!r}; the epoch's "
+                f"holder is {holder!r}")
+    return None
 
 
 def pending_summary(core: Core) -> list[dict[str, Any]]:

@@ -80,6 +80,7 @@ from broker_schema import (
     EffectRequest,
     FactsRecord,
     InputRecord,
+    RejectedRecord,
     ResponseRecord,
     SnapshotRecord,
     SpecRecord,
@@ -87,14 +88,17 @@ from broker_schema import (
     decode,
     encode,
     record_hash,
+    sha256_hex,
     topics,
 )
-from broker_schema.binding import switch_problem
+from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
+from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
 from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
     check_workload_topics,
     ensure_alarms_topic,
+    ensure_rejects_topic,
     ensure_workload_topics,
 )
 from workload_sdk._api import Workload, module_hash
@@ -105,6 +109,7 @@ from workload_sdk._core import (
     describe_ref,
     next_due_ms,
     referenced_body,
+    tick_problem,
 )
 from workload_sdk._kafka_io import read_facts, read_facts_since, read_resume_log, read_topic
 from workload_sdk._logview import RefGap
@@ -215,6 +220,10 @@ class HolderConfig:
     observe_every_s: float = 3.0
     check_signatures: bool = False
     fleet_keys: tuple[bytes, ...] = ()
+    #: Sign every record written on ``.out`` (header ``fx-holder-sig``) with a key made for
+    #: this holder, named in its claims (``holder_key``): executors answer only requests its
+    #: epoch's holder signed (issue 30). Off: claims name no key, executors check nothing.
+    sign_requests: bool = True
 
 
 @dataclass
@@ -253,6 +262,8 @@ class HolderStats:
     signature_failures: int = 0
     #: Responses left unchecked because the checks fell too far behind (logged).
     signatures_unchecked: int = 0
+    #: ticks on ``.resp`` not written by their epoch's holder (rejected to ``sys.rejects``)
+    foreign_ticks: int = 0
     #: Request append time (broker) to the step seeing its answer (local wall clock), in ms.
     roundtrips_ms: list[float] = field(default_factory=list)
 
@@ -292,14 +303,22 @@ def _highest(claims: list[ClaimRecord]) -> ClaimRecord | None:
 
 
 def _claims_of(view: Any) -> list[ClaimRecord]:
+    """The claims on ``.claims`` every reader goes by (:func:`broker_schema.binding.
+    accepted_claims`): one too far above the highest before it is logged and left out."""
     claims: list[ClaimRecord] = []
+    highest = 0
     for rec in view:
         try:
             record = decode(rec.value)
         except DecodeError:
             continue
         if isinstance(record, ClaimRecord):
+            problem = claim_problem(record, highest)
+            if problem is not None:
+                log.warning("refused claim at %s@%d: %s", view.topic, rec.offset, problem)
+                continue
             claims.append(record)
+            highest = max(highest, record.epoch)
     return claims
 
 
@@ -374,15 +393,30 @@ class LeaseHolder:
         self._sig_pending: list[tuple[int, ResponseRecord]] = []
         self._sig_wake = asyncio.Event()
         self._sig_said: dict[tuple[str, str], tuple[float, int]] = {}
+        #: why this holder cannot go on now (e.g. no epoch left to claim), for ``/readyz``
+        self.problem: str | None = None
+        #: the key this holder signs its records on .out with (None: ``sign_requests`` off),
+        #: made for this holder and named in its claims
+        self._holder_key = SigningKey.generate() if config.sign_requests else None
+        self._holder_key_text = (None if self._holder_key is None
+                                 else self._holder_key.public_key_b64)
+        #: epoch -> its holder id, from ``.claims`` (whose ticks are the holder's own)
+        self._epoch_holders: dict[int, str] = {}
+        #: rejects to write to ``sys.rejects`` (ticks not written by their epoch's holder)
+        self._rejects: list[RejectedRecord] = []
+        self._rejects_topic = False
 
     def status(self) -> dict[str, Any]:
         """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
         role (``leader`` or ``starting``: claiming, resuming, or restarting from the log after
         a broker outage), the epoch and the next merge seq."""
         ready = self.ready.is_set()
-        return {"ready": ready, "role": "leader" if ready else "starting",
+        body = {"ready": ready, "role": "leader" if ready else "starting",
                 "workload": self.config.workload_id, "holder_id": self.config.holder_id,
                 "epoch": self.epoch, "seq": None if self.core is None else self.core.seq}
+        if self.problem is not None:
+            body["problem"] = self.problem
+        return body
 
     # -- start-up ------------------------------------------------------------------------------
     async def _latest_spec(self) -> tuple[int, SpecRecord]:
@@ -415,6 +449,7 @@ class LeaseHolder:
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
         claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
         self._holder_ids.update(c.holder_id for c in claims)  # whose timeouts are unsigned
+        self._epoch_holders = {c.epoch: c.holder_id for c in claims if c.from_seq is None}
         if rejoin is not None:
             try:
                 kept = rejoin_epoch(claims, epoch=rejoin, holder_id=cfg.holder_id,
@@ -425,17 +460,32 @@ class LeaseHolder:
                 # now would leave no holder at all. Claim anew, as any successor would.
                 log.warning("%s; its producer is fenced by this one: claiming a new epoch", exc)
                 kept = None
+            top = _highest(claims)
+            if kept is not None and top is not None and top.holder_key != self._holder_key_text:
+                kept = None  # that claim names another key: this holder cannot sign for it
             if kept is not None:
                 self.epoch = kept
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
                          self.epoch, spec_offset)
                 self._lease_held(True)
                 return
-        highest = max((c.epoch for c in claims), default=0)
-        self.epoch = highest + 1
+        epoch = next_epoch(claims)
+        while epoch is None:
+            # every epoch is taken (the highest accepted claim is MAX_EPOCH): no claim of this
+            # holder can win; say so (/readyz, the log) and look again, never crash
+            self.problem = (f"cannot win an epoch of {cfg.workload_id}: the highest claim on "
+                            f"{topics.claims(cfg.workload_id)} is epoch {MAX_EPOCH}, the "
+                            "highest there is")
+            log.error("%s (looking again in 5 s)", self.problem)
+            await asyncio.sleep(5.0)
+            claims = _claims_of(await read_topic(cfg.bootstrap, topics.claims(cfg.workload_id)))
+            epoch = next_epoch(claims)
+        self.problem = None
+        self.epoch = epoch
+        self._epoch_holders[epoch] = cfg.holder_id
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
-                            forced=tuple(forced or ()))
+                            forced=tuple(forced or ()), holder_key=self._holder_key_text)
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
@@ -480,7 +530,7 @@ class LeaseHolder:
         result = replay(self.workload, wl)
         self.core = result.core
         self._out_end = wl["out"].end
-        recorded = out_slots(wl)
+        recorded = out_slots(wl, result.outputs)
         for offset, value in recorded.values():
             record = decode(value)
             if isinstance(record, EffectRequest):
@@ -522,10 +572,16 @@ class LeaseHolder:
     async def _write(self, items: list[tuple[str, bytes]]) -> list[Any]:
         producer = self._producer
         futures: list[Any] = []
+        out_topic = topics.out(self.config.workload_id)
         try:
             async with producer.transaction():
                 for topic, value in items:
-                    futures.append(await producer.send(topic, value=value, partition=0))
+                    headers = None
+                    if topic == out_topic and self._holder_key is not None:
+                        headers = [(HOLDER_SIG_HEADER,
+                                    holder_signature(self._holder_key, value))]
+                    futures.append(await producer.send(topic, value=value, partition=0,
+                                                       headers=headers))
             metas = [await f for f in futures]
         except (ProducerFenced, InvalidProducerEpoch, IllegalOperation) as exc:
             # IllegalOperation: the producer left the transaction by itself, which aiokafka does
@@ -939,6 +995,12 @@ class LeaseHolder:
                         core.positions[source] = max(core.positions[source], msg.offset + 1)
             if responses and cfg.check_signatures:
                 self._check_signatures(responses)
+            if self._rejects:
+                rejects, self._rejects = self._rejects, []
+                if not self._rejects_topic:
+                    await ensure_rejects_topic(cfg.bootstrap)
+                    self._rejects_topic = True
+                await self._write([(topics.REJECTS, encode(r)) for r in rejects])
             await self._merge_available(bufs)
             self._inputs_waiting = bool(bufs["in"])
             await self._judge_and_tick()
@@ -966,7 +1028,8 @@ class LeaseHolder:
             return
         adoption = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch,
                                holder_id=cfg.holder_id, spec_hash=record_hash(record),
-                               spec_offset=offset, from_seq=core.seq)
+                               spec_offset=offset, from_seq=core.seq,
+                               holder_key=self._holder_key_text)
         await self._write([(topics.claims(cfg.workload_id), encode(adoption))])
         self.spec, self._spec_offset = record, offset
         self.stats.specs_adopted += 1
@@ -990,9 +1053,28 @@ class LeaseHolder:
             return None
         if source == "resp":
             self._observe_clock(msg.timestamp)
+            if isinstance(record, TickRecord):
+                problem = tick_problem(record, self._epoch_holders)
+                if problem is not None:
+                    self._reject_tick(msg, problem)
+                    return None
             if isinstance(record, AcceptedRecord):
                 self._accepted_by[record.effect_id] = record.node_id
         return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp, record)
+
+    def _reject_tick(self, msg: Any, problem: str) -> None:
+        """A tick its epoch's holder did not write: logged, counted and queued for
+        ``sys.rejects`` (written by :meth:`_loop` after the read), never taken as the clock."""
+        wid = self.config.workload_id
+        log.warning("rejected tick at %s@%d: %s", msg.topic, msg.offset, problem)
+        self.stats.foreign_ticks += 1
+        if self.metrics is not None:
+            self.metrics.skipped(wid, "foreign_tick")
+        value = msg.value or b""
+        self._rejects.append(RejectedRecord(
+            topic=msg.topic, partition=msg.partition, offset=msg.offset, code="foreign_tick",
+            detail=problem[:4096], size=len(value), value_hash=sha256_hex(value),
+            seen_by=self.config.holder_id))
 
     async def _resolved(self, item: Item, topic: str, stop: asyncio.Event,
                         merge_buffered: Callable[[], Awaitable[None]]) -> Item | None:

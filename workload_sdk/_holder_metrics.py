@@ -30,7 +30,8 @@ _ROUND_TRIP_BUCKETS = (
 #: (no valid record) and ``wrong_record`` (a valid record of a kind that does not belong on
 #: ``.resp``).
 REJECTED_REASONS = ("duplicate", "after_outcome", "unknown_effect", "undecodable",
-                    "wrong_record")
+                    "wrong_record", "foreign_request", "unsigned", "untrusted_key",
+                    "foreign_tick")
 
 
 class HolderMetrics:

@@ -20,6 +20,7 @@ from broker_schema import (
     decode,
     topics,
 )
+from fx_kafka import security as _security
 from fx_kafka.client import check_authorized, make_consumer, read_partition
 from workload_sdk._core import referenced_body
 from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
@@ -192,3 +193,10 @@ async def read_resume_log(bootstrap: str, workload_id: str, *,
     if resolver is not None:
         await resolve_log(log, resolver, snapshots="latest")
     return log, positions
+
+
+def default_unsigned_policy() -> Literal["count", "refuse"]:
+    """The spec's ``unsigned`` policy when its writer does not choose: ``refuse`` when this
+    process talks to a secured broker (SASL, :func:`fx_kafka.security.current`), where every
+    executor signs and only a forger writes unsigned answers; ``count`` on a plain broker."""
+    return "refuse" if _security.current().sasl else "count"

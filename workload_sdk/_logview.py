@@ -28,7 +28,7 @@ from broker_schema import (
     decode_trusted,
     topics,
 )
-from broker_schema.binding import claim_in_force
+from broker_schema.binding import accepted_claims, claim_in_force
 from broker_schema.topics import check_workload_id
 
 #: The per-workload streams, by their short name.
@@ -182,14 +182,15 @@ class WorkloadLog:
         return claim.spec_offset, spec
 
     def claims(self) -> list[ClaimRecord]:
-        """Every claim on ``.claims``, in log order."""
+        """Every claim on ``.claims`` that readers go by, in log order: one too far above the
+        highest before it is left out (:func:`broker_schema.binding.accepted_claims`)."""
         view = self.views["claims"]
         out = []
         for rec in view:
             claim = rec.decode(view.topic)
             if isinstance(claim, ClaimRecord):
                 out.append(claim)
-        return out
+        return accepted_claims(out)
 
     def spec_for_step(self, epoch: int, seq: int) -> tuple[int, SpecRecord, ClaimRecord]:
         """The spec binding step ``seq`` of ``epoch`` (:func:`broker_schema.binding.claim_in_force`:

@@ -8,6 +8,7 @@ that every output it computes is byte for byte the record on ``.out``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,14 +67,24 @@ class ReplayResult:
     merge_end: int = 0
 
 
-def out_slots(log: WorkloadLog) -> dict[tuple[int, int], tuple[int, bytes]]:
-    """Every output on ``.out`` by slot: ``(offset, value bytes)`` of the first record per slot."""
+def out_slots(log: WorkloadLog, computed: Mapping[tuple[int, int], OutRecord] | None = None,
+              ) -> dict[tuple[int, int], tuple[int, bytes]]:
+    """Every output on ``.out`` by slot: ``(offset, value bytes)`` of the first record per slot,
+    or, given the outputs replay ``computed``, of the first record per slot whose bytes are the
+    computed output's when there is one. Anyone who may write ``.out`` can put a record in a
+    slot before the holder does (issue 30, front-running): such a stray beside the holder's own
+    record is not the slot's output."""
     slots: dict[tuple[int, int], tuple[int, bytes]] = {}
     view = log["out"]
+    wanted = {slot: encode(out) for slot, out in (computed or {}).items()}
     for rec in view:
         record = rec.decode(view.topic)
         if isinstance(record, OutputRecord | EffectRequest):
-            slots.setdefault(record.header.slot, (rec.offset, rec.value))
+            slot = record.header.slot
+            have = slots.get(slot)
+            if have is None or (have[1] != wanted.get(slot, have[1])
+                                and rec.value == wanted[slot]):
+                slots[slot] = (rec.offset, rec.value)
     return slots
 
 
@@ -231,13 +242,14 @@ def replay(
         if record.seq != core.seq:
             raise ReplayError(offset, f"entry has seq {record.seq}, the fold is at {core.seq}")
         item = _item(log, record, trusted=trust_log)
-        decision = core.classify(item)
+        spec = specs(record.epoch, core.seq)
+        decision = core.classify(item, spec)
         if (decision.action, decision.reason) != (record.action, record.reason):
             recorded = f"{record.action}/{record.reason or '-'}"
             decided = f"{decision.action}/{decision.reason or '-'}"
             raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
                               f"{record.source_offset}, the fold decides {decided}")
-        applied = _apply(core, log, item, epoch=record.epoch, spec=specs(record.epoch, core.seq))
+        applied = _apply(core, log, item, epoch=record.epoch, spec=spec)
         result.entries += 1
         result.last_epoch = record.epoch
         if applied.decision.action == "deliver":
@@ -251,7 +263,7 @@ def replay(
 def missing_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
     """Outputs replay computed whose slot ``(input_offset, index)`` is not on ``.out``: what a new
     holder writes (slots already written are skipped, so no output is written twice)."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     return [out for slot, out in sorted(result.outputs.items()) if slot not in recorded]
 
 
@@ -260,7 +272,7 @@ def resume_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
     ``.out`` yet. Raises :class:`ReplayError` when a slot that *is* on ``.out`` holds other bytes
     than replay computed: the module (or the log) is not the one that wrote them, and carrying on
     would fold from a state the recorded outputs do not come from."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     missing: list[OutRecord] = []
     for slot, out in sorted(result.outputs.items()):
         have = recorded.get(slot)
@@ -275,7 +287,7 @@ def resume_outputs(result: ReplayResult, log: WorkloadLog) -> list[OutRecord]:
 
 def compare_outputs(result: ReplayResult, log: WorkloadLog) -> list[dict[str, Any]]:
     """Outputs replay computed that differ from (or are absent on) ``.out``, as plain dicts."""
-    recorded = out_slots(log)
+    recorded = out_slots(log, result.outputs)
     problems: list[dict[str, Any]] = []
     for slot, out in sorted(result.outputs.items()):
         got = encode(out)
@@ -341,7 +353,7 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
         if isinstance(record, SnapshotRecord):
             continue
         item = _item(log, record)
-        decision = core.classify(item)
+        decision = core.classify(item, specs(record.epoch, core.seq))
         if decision.action == "deliver" and record.action != "deliver":
             report.kind = "request_divergence"
             report.detail = (f"at seq {record.seq} the recorded fold passed over "

@@ -44,6 +44,7 @@ from broker_schema import (
     SpecRecord,
     StreamRef,
     decode,
+    topics,
 )
 from workload_sdk._logview import WorkloadLog
 
@@ -57,8 +58,9 @@ __all__ = [
     "plan_trim",
 ]
 
-#: The streams :func:`plan_trim` may trim, in the order plans are printed.
-TRIMMED = ("in", "out", "resp", "merge")
+#: The streams :func:`plan_trim` may trim, in the order plans are printed (one home:
+#: :data:`broker_schema.topics.TRIMMED`, which ``fx acl apply`` grants DELETE on).
+TRIMMED = topics.TRIMMED
 #: The streams never trimmed.
 NEVER_TRIMMED = ("spec", "claims")
 

@@ -35,7 +35,7 @@ from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topic
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
-from workload_sdk._kafka_io import read_workload_log
+from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
 from workload_sdk._logview import LogGap, RefGap, WorkloadLog
@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                           executor_group_prefixes=tuple(args.executor_group_prefix
                                                         or DEFAULT_GROUP_PREFIXES),
                           check_signatures=not args.no_signature_check,
-                          fleet_keys=tuple(fleet))
+                          fleet_keys=tuple(fleet), sign_requests=not args.no_sign_requests)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -199,9 +199,17 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--guarantee takes KIND=GUARANTEE, got {item!r}")
         guarantees[kind] = value
+    signers: dict[str, tuple[str, ...]] = {}
+    for item in args.signer or []:
+        node, sep, key = item.partition("=")
+        if not sep or not node:
+            raise SystemExit(f"--signer takes NODE=PUBLIC_KEY, got {item!r}")
+        signers[node] = (*signers.get(node, ()), key)
     spec = SpecRecord(
         workload_id=args.id,
         module_hash=module_hash(load_workload(args.module)),
+        unsigned=args.unsigned or default_unsigned_policy(),
+        signers=signers,
         effect_kinds=tuple(args.kind or ()),
         models=models,
         guarantees=guarantees,  # validated by the record
@@ -574,6 +582,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="metrics: the consumer groups <PREFIX>.<kind> whose unread requests "
                      "on .out are reported (the executors' and gateways' group_prefix; "
                      "repeatable; default fx-executor and fx-actuator)")
+    run.add_argument("--no-sign-requests", action="store_true",
+                     help="do not sign the records written on .out (by default the holder "
+                     "makes a key, names it in its claims and signs each record in the header "
+                     "fx-holder-sig; executors answer only requests their epoch's holder "
+                     "signed: docs/security.md)")
     run.add_argument("--no-signature-check", action="store_true",
                      help="do not check the signature of each response read from .resp (by "
                      "default each is checked as fx why does, counted in "
@@ -598,6 +611,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--guarantee", action="append", metavar="KIND=GUARANTEE",
                       help="the guarantee an actuation kind must be served with: idempotent, "
                       "fenced or at-most-once (repeatable; docs/actuation.md)")
+    spec.add_argument("--unsigned", choices=("count", "refuse"), default=None,
+                      help="what the holder does with an executor's answer without a "
+                      "signature: count it and merge it, or refuse it (pass it over as "
+                      "unsigned). Default: refuse on a secured broker (FX_KAFKA_SECURITY_"
+                      "PROTOCOL=SASL_*), count otherwise (docs/security.md)")
+    spec.add_argument("--signer", action="append", metavar="NODE=PUBLIC_KEY",
+                      help="a node whose signed answers the holder trusts, and one of its "
+                      "public keys (base64, as on sys.facts; repeatable). With any, a signed "
+                      "answer by another key or node is passed over as untrusted_key")
     spec.add_argument("--outstanding-limit", type=int, default=16)
     spec.add_argument("--deadline-ms", type=int, default=5_000)
     spec.add_argument("--executor-lease-ms", type=int, default=30_000)

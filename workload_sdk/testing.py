@@ -36,13 +36,14 @@ from broker_schema import (
     SpecRecord,
     decode,
     encode,
+    request_hash,
     topics,
 )
 from fx_kafka.client import make_producer
 from fx_kafka.security import child_env
 from fx_kafka.workload import ensure_workload_topics
 from workload_sdk._api import body_of, module_hash
-from workload_sdk._kafka_io import read_workload_log
+from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._logview import WorkloadLog
 
@@ -87,6 +88,7 @@ class WorkloadHarness:
         self.bootstrap = bootstrap
         self.workload_id = topics.check_workload_id(workload_id)
         self.module = module
+        spec_fields.setdefault("unsigned", default_unsigned_policy())
         self.spec = SpecRecord(workload_id=workload_id,
                                module_hash=module_hash(load_workload(module)),
                                effect_kinds=tuple(effect_kinds), models=dict(models or {}),
@@ -212,9 +214,10 @@ class WorkloadHarness:
         executor would (no model runs: the output is what the test says). Returns the response's
         offset on ``.resp``."""
         resp_topic = topics.resp(self.workload_id)
+        bound = request_hash(encode(req))
         accepted = AcceptedRecord(effect_id=req.effect_id, header=req.header,
                                   request_offset=offset, node_id=node_id, lease_ms=lease_ms,
-                                  accepted_us=int(time.time() * 1e6))
+                                  accepted_us=int(time.time() * 1e6), request_hash=bound)
         await self.append(resp_topic, encode(accepted))
         response = ResponseRecord(
             effect_id=req.effect_id, header=req.header, request_offset=offset,
@@ -224,6 +227,6 @@ class WorkloadHarness:
             model_hash=req.model,
             executor=ExecutorInfo(node_id=node_id, engine="played-by-test", engine_version="0",
                                   device_class="none"),
-            written_by=node_id,
+            written_by=node_id, request_hash=bound,
         )
         return await self.append(resp_topic, encode(response))

@@ -120,8 +120,19 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
         assert not allowed(ex, W, f"wl.w.{stream}"), stream
     assert not allowed(ex, R, "wl.w.merge") and not allowed(ex, R, "wl.other.out")
     for stream in ("in", "spec", "claims", "out", "resp", "merge"):
-        assert allowed(ho, R, f"wl.w.{stream}") and allowed(ho, W, f"wl.w.{stream}")
+        assert allowed(ho, R, f"wl.w.{stream}")
+        assert allowed(ho, W, f"wl.w.{stream}") == (stream in ("claims", "out", "resp", "merge"))
         assert not allowed(ho, R, f"wl.other.{stream}")
+    # issue 30: a spec's grants are worth what its writer may read: only the operator (who
+    # reads every topic) writes .spec; the holder never does
+    assert not allowed(ho, W, "wl.w.spec") and not allowed(ho, W, "wl.w.shadow.e1.out")
+    # DELETE (records for fx trim; topics are never deleted: delete.topic.enable=false) only
+    # on the trimmed streams, as LITERAL names: never a prefix, never .spec or .claims
+    deletes = [b for b in plan if b.operation == Operation.DELETE]
+    assert deletes and all(b.pattern == PatternType.LITERAL and b.resource_type ==
+                           ResourceType.TOPIC for b in deletes), deletes
+    assert {(b.principal, b.name) for b in deletes} == {
+        (who, f"wl.w.{s}") for who in (ho, op) for s in ("in", "out", "resp", "merge")}
     assert allowed(pr, W, "wl.w.in") and not allowed(pr, W, "wl.w.out")
     assert not allowed(pr, R, "wl.w.in")
     assert allowed(op, R, "wl.other.merge") and allowed(op, W, "wl.w.spec")

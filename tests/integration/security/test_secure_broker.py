@@ -186,7 +186,9 @@ def test_fx_acl_apply_dry_run_prints_the_plan() -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "ALLOW User:executor READ TOPIC wl.w1.out (LITERAL)" in lines
-    assert "ALLOW User:holder-w1 WRITE TOPIC wl.w1. (PREFIXED)" in lines
+    assert "ALLOW User:holder-w1 READ TOPIC wl.w1. (PREFIXED)" in lines
+    assert "ALLOW User:holder-w1 WRITE TOPIC wl.w1.out (LITERAL)" in lines
+    assert "ALLOW User:holder-w1 WRITE TOPIC wl.w1.spec (LITERAL)" not in lines  # issue 30
     assert "ALLOW User:holder-w1 WRITE TRANSACTIONAL_ID fx-holder.w1 (LITERAL)" in lines
     assert not any("User:executor WRITE TOPIC wl.w1.out" in line for line in lines)
 

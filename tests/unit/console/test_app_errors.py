@@ -20,7 +20,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         port = s.getsockname()[1]
     transport = httpx.ASGITransport(app=create_app(f"127.0.0.1:{port}"),
                                     raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://console") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         yield c
 
 
@@ -56,3 +56,36 @@ def test_fx_console_is_a_subcommand() -> None:
     args = build_parser().parse_args(["console", "--bootstrap", "b:1", "--port", "9000"])
     assert (args.bootstrap, args.port, args.host, args.refresh) == ("b:1", 9000, "127.0.0.1", 1.0)
     assert args.func.__module__ == "console.cli"
+
+
+async def test_other_hosts_and_cross_origin_posts_are_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    """Issue 30: the console answered any Host header and accepted a cross-origin POST to
+    verify; it has no /openapi.json either."""
+    r = await client.get("/healthz", headers={"Host": "evil.example:8470"})
+    assert r.status_code == 400 and "not one this console answers to" in r.text
+    assert (await client.get("/healthz", headers={"Host": "localhost:8470"})).status_code == 200
+    assert (await client.get("/healthz", headers={"Host": "[::1]:8470"})).status_code == 200
+    path = "/w/ok/receipts/resp/0/verify"
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"},
+                    {"Sec-Fetch-Site": "cross-site"}):
+        r = await client.post(path, headers=headers)
+        assert r.status_code == 403, (headers, r.status_code, r.text)
+    same = await client.post(path, headers={"Origin": "http://127.0.0.1",
+                                             "Sec-Fetch-Site": "same-origin"})
+    assert same.status_code != 403  # past the guard: the app's own answer (no broker: 503)
+    assert (await client.get("/openapi.json")).status_code == 404
+
+
+def test_the_guards_are_pure() -> None:
+    from console.views import LOCAL_HOSTS, host_problem, origin_problem
+
+    assert host_problem("127.0.0.1:8470", LOCAL_HOSTS) is None
+    assert host_problem("console.internal", (*LOCAL_HOSTS, "console.internal")) is None
+    assert host_problem(None, LOCAL_HOSTS) is not None
+    assert host_problem("127.0.0.1.evil.example", LOCAL_HOSTS) is not None
+    assert origin_problem("GET", "127.0.0.1:1", "http://evil.example", "cross-site") is None
+    assert origin_problem("POST", "127.0.0.1:1", "http://127.0.0.1:1", "same-origin") is None
+    assert origin_problem("POST", "127.0.0.1:1", None, None) is None  # curl, a form post
+    assert origin_problem("POST", "127.0.0.1:1", "http://127.0.0.1:2", None) is not None

@@ -12,9 +12,11 @@ import pytest
 from broker_schema import (
     AlarmAckRecord,
     AlarmRecord,
+    ClaimRecord,
     FactsRecord,
     KindServed,
     decode,
+    encode,
     sha256_hex,
 )
 from console import views
@@ -52,6 +54,24 @@ def test_every_record_is_a_row_with_its_kind_and_outcome(log: WorkloadLog) -> No
 def test_bytes_that_are_not_a_record_are_a_row_too() -> None:
     row = views.row_of("resp", 7, 5, b"{not json")
     assert (row.kind, row.outcome, row.offset) == ("undecodable", "undecodable", 7)
+
+
+def test_the_holder_comes_from_accepted_claims_on_claims_only() -> None:
+    """Issue 30, attack 5: a claim written to ``.in`` (the producer role may) made the
+    workloads page show holder ``mallory-on-in``, epoch 9999. A record of a kind that does not
+    belong on its stream is a ``wrong_stream`` row; a claim far ahead is refused as every
+    reader refuses it."""
+    def claim(epoch: int, holder: str) -> bytes:
+        return encode(ClaimRecord(workload_id="w", epoch=epoch, holder_id=holder,
+                                  spec_hash="sha256:" + "0" * 64, spec_offset=0))
+
+    rows = [views.row_of("claims", 0, 1, claim(1, "h-real")),
+            views.row_of("in", 0, 2, claim(9999, "mallory-on-in")),
+            views.row_of("claims", 1, 3, claim(2**53 - 1, "mallory-far")),
+            views.row_of("claims", 2, 4, claim(2, "h-next"))]
+    assert rows[1].outcome == "wrong_stream" and "does not belong on .in" in rows[1].summary
+    summary = views.summarize("w", rows)
+    assert (summary.holder, summary.epoch) == ("h-next", 2)
 
 
 def test_the_summary_names_the_latest_holder_and_counts_outcomes(log: WorkloadLog) -> None:

@@ -100,3 +100,26 @@ def test_a_handler_must_be_for_a_kind_served() -> None:
     assert cfg.handlers == {kind: "some.module:Handler"}
     with pytest.raises(ConfigError, match="not in kinds"):
         load_config(environ={}, handlers={kind: "some.module:Handler"})
+
+
+def test_a_misplaced_or_unknown_top_level_table_is_refused_naming_its_place(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, attack 7: a top-level ``[kafka_security]`` beside ``[executor]`` was ignored
+    (logged as ``{}``) and the executor connected in plaintext. Now loading fails at start,
+    naming where the table belongs; an unknown table is refused too."""
+    path = tmp_path / "executor.toml"
+    path.write_text('[executor]\nnode_id = "n1"\n\n[kafka_security]\n'
+                    'security_protocol = "SASL_SSL"\n')
+    with pytest.raises(ConfigError, match=r"belongs in \[executor\] \(write it as "
+                       r"\[executor.kafka_security\]\)"):
+        load_config(path, environ={})
+    path.write_text('node_id = "n1"\n[executor]\nhttp_port = 0\n')
+    with pytest.raises(ConfigError, match=r"node_id = \.\.\. under \[executor\]"):
+        load_config(path, environ={})
+    path.write_text('[executor]\nnode_id = "n1"\n[exeuctor_extra]\na = 1\n')
+    with pytest.raises(ConfigError, match="'exeuctor_extra' at the top level is not a setting"):
+        load_config(path, environ={})
+    path.write_text('[executor]\nnode_id = "n1"\n\n[executor.kafka_security]\n'
+                    'security_protocol = "PLAINTEXT"\n')
+    assert load_config(path, environ={}).kafka_security == {"security_protocol": "PLAINTEXT"}

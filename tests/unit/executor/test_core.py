@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from broker_schema import topics
+from broker_schema import decode, encode, request_hash, topics
+from broker_schema.binding import (
+    MAX_EPOCH,
+    MAX_EPOCH_STEP,
+    accepted_claims,
+    epoch_after,
+    next_epoch,
+)
 from broker_schema.records import (
     INFERENCE_KIND,
     BindingSwitch,
     ExecutorInfo,
     InlineBody,
 )
+from broker_schema.signatures import SigningKey, holder_signature
 from executor.core import (
     Admit,
     ExecutorState,
@@ -19,7 +27,9 @@ from executor.core import (
     Refuse,
     decide,
     error_response,
+    holder_problem,
     ok_response,
+    redact,
     renewal_due,
     renewed,
 )
@@ -66,6 +76,28 @@ def test_admit_writes_accepted_and_enters_in_flight() -> None:
     assert st.queue_depth(INFERENCE_KIND) == 1 and st.depth_by_workload() == {WL: 1}
 
 
+def test_every_record_for_a_request_names_the_hash_of_its_bytes() -> None:
+    """Issue 30: accepted, the answer and a refusal carry the request's hash, so the holder can
+    tell the answer to its own request from the answer to a stray with the same effect id."""
+    st = state()
+    req = request(WL, M1, epoch=2)
+    bound = request_hash(encode(req))
+    d = decide(st, req, topic=topics.out(WL), partition=0, offset=7, append_ms=APPEND_MS,
+               now_ms=APPEND_MS + 5, now_us=1, model_status="ready", request_hash=bound)
+    assert isinstance(d, Admit) and d.accepted.request_hash == bound
+    ok = ok_response(st, d.job, output=InlineBody.of_json({"label": "pdf"}), model_hash=M1,
+                     executor=INFO, started_us=2, finished_us=3)
+    err = error_response(st, d.job, code="engine_error", message="x", model_hash=M1,
+                         executor=INFO, started_us=2, finished_us=3)
+    assert ok.request_hash == err.request_hash == bound
+    stale = request(WL, M1, epoch=1)
+    r = decide(st, stale, topic=topics.out(WL), partition=0, offset=8, append_ms=APPEND_MS,
+               now_ms=APPEND_MS + 5, now_us=1, model_status="ready",
+               request_hash=request_hash(encode(stale)))
+    assert isinstance(r, Refuse) and r.response.request_hash == request_hash(encode(stale))
+    assert decode(encode(ok)) == ok  # on the wire, and covered by the signature
+
+
 def test_same_effect_id_in_flight_is_ignored() -> None:
     st = state()
     assert isinstance(run(st, request(WL, M1, epoch=2)), Admit)
@@ -92,6 +124,26 @@ def test_claims_only_raise_the_epoch() -> None:
     assert not st.observe_claim(claim(WL, 3))
     assert st.workload(WL).highest_epoch == 5
     assert refusal_code(run(st, request(WL, M1, epoch=4))) == "stale_epoch"
+
+
+def test_a_claim_too_far_ahead_is_refused_by_every_reader_alike() -> None:
+    """Issue 30, attack 4: one claim of epoch 2^53 - 1 made every request stale_epoch and a
+    restarted holder crash (it claimed 2^53). A claim more than MAX_EPOCH_STEP above the highest
+    accepted before it is refused (the executor writes it to sys.rejects); the next epoch is
+    counted from the accepted ones; with none left, there is no next epoch (never 2^53)."""
+    st = state()  # highest claim 2
+    giant = claim(WL, MAX_EPOCH)
+    assert st.claim_refused(giant) is not None
+    assert st.claim_refused(claim(WL, 2 + MAX_EPOCH_STEP)) is None
+    assert st.workload(WL).highest_epoch == 2
+    assert isinstance(run(st, request(WL, M1, epoch=2)), Admit)
+    log = [claim(WL, 1), giant, claim(WL, 2), claim(WL, 5000), claim(WL, 3)]
+    assert [c.epoch for c in accepted_claims(log)] == [1, 2, 3]
+    assert next_epoch(log) == 4 and next_epoch([]) == 1
+    # a giant first claim is refused too (the bound counts from 0)
+    assert accepted_claims([claim(WL, MAX_EPOCH - 1), claim(WL, MAX_EPOCH)]) == []
+    # reached a bound at a time, the last epoch leaves none to claim: None, never 2^53
+    assert epoch_after(MAX_EPOCH - 1) == MAX_EPOCH and epoch_after(MAX_EPOCH) is None
 
 
 def test_no_spec() -> None:
@@ -341,3 +393,44 @@ def test_ok_response_built_without_revalidation_has_the_same_bytes() -> None:
             assert built == validated
             assert encode(identity.sign_response(built)) == encode(
                 identity.sign_response(validated))
+
+
+def test_error_messages_name_no_server_path() -> None:
+    """Issue 30: an answer says nothing of the executor's file system."""
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO,
+                       private_paths=("/srv/fx/chunks", "/srv/fx/models/", ".", "relative"))
+    assert st.private_paths == ("/srv/fx/models", "/srv/fx/chunks")
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    d = run(st, request(WL, M1, epoch=1))
+    assert isinstance(d, Admit)
+    err = error_response(st, d.job, code="input_missing", message="cannot read the input: "
+                         "FileNotFoundError: [Errno 2] No such file: '/srv/fx/chunks/wl/x/1'",
+                         model_hash=None, executor=None, started_us=None, finished_us=None)
+    assert err.error is not None and "/srv" not in err.error.message
+    assert err.error.message.endswith("No such file: '<server path>'")
+    assert redact("no model in /srv/fx/models and . here", st.private_paths) == (
+        "no model in <server path> and . here")
+
+
+def test_only_requests_signed_by_their_epochs_holder_are_answered() -> None:
+    """Issue 30, attack 2 (executor side): a claim names its holder's key; a request of that
+    epoch must carry the key's signature over its bytes (header fx-holder-sig)."""
+    holder, mallory = SigningKey.generate(), SigningKey.generate()
+    st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    st.observe_spec(spec(WL, {"m": M1}), offset=0)
+    st.observe_claim(claim(WL, 3).model_copy(update={"holder_key": holder.public_key_b64}))
+    req = request(WL, M1, epoch=3)
+    value = encode(req)
+    assert holder_problem(st, req, value, holder_signature(holder, value)) is None
+    assert "no holder signature" in (holder_problem(st, req, value, None) or "")
+    assert "not the epoch's holder key" in (
+        holder_problem(st, req, value, holder_signature(mallory, value)) or "")
+    other = encode(request(WL, M1, b"other", epoch=3))
+    assert "does not verify" in (
+        holder_problem(st, req, value, holder_signature(holder, other)) or "")
+    ahead = request(WL, M1, epoch=4)
+    assert "no claim of epoch 4" in (holder_problem(st, ahead, encode(ahead), None) or "")
+    # a workload whose holders do not sign (claims without a key): nothing is checked
+    plain = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO)
+    plain.observe_claim(claim(WL, 3))
+    assert holder_problem(plain, req, value, None) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from typing import Any
 
@@ -18,11 +19,14 @@ from broker_schema import (
     InputRecord,
     MergeEntry,
     ResponseRecord,
+    Signature,
     TickRecord,
     canonical_json,
     decode,
     encode,
+    request_hash,
 )
+from broker_schema.signatures import SigningKey, answer_refusal
 from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
 from workload_sdk import (
     Core,
@@ -36,7 +40,7 @@ from workload_sdk import (
     infer,
     replay,
 )
-from workload_sdk._core import Pending
+from workload_sdk._core import Pending, holder_outcome, tick_problem
 from workload_sdk._replay import compare_outputs, missing_outputs, out_slots
 
 
@@ -93,6 +97,72 @@ def test_first_answer_is_delivered_later_ones_are_passed_over_with_reasons() -> 
     stray = core.apply(_item("resp", 3, 9, _resp(_header(99, 0))), epoch=1, spec=spec)
     assert stray.decision.reason == "unknown_effect"
     assert core.state["seen"] == [[h.effect_id, "ok"]]
+
+
+def test_an_answer_to_another_request_with_the_same_effect_id_is_foreign() -> None:
+    """Issue 30, front-running: a stray request written first on ``.out`` with the effect id
+    the step will use next is answered by a genuine executor; that answer names the stray's
+    hash, not the step's request's, so it is passed over (``foreign_request``), its accept
+    starts no lease, and the answer to the step's own request is the one delivered."""
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    req = core.apply(_item("in", 0, 5, _input(3)), epoch=1, spec=spec).outputs[1]
+    assert isinstance(req, EffectRequest)
+    h, own = req.header, request_hash(encode(req))
+    assert core.pending[h.effect_id].request_hash == own
+    stray = req.model_copy(update={"params": {"attacker": True}})
+    theirs = request_hash(encode(stray))
+    acc = AcceptedRecord(effect_id=h.effect_id, header=h, request_offset=0, node_id="e",
+                         lease_ms=100, accepted_us=1, request_hash=theirs)
+    a = core.apply(_item("resp", 0, 6, acc), epoch=1, spec=spec)
+    assert a.decision.reason == "not_an_answer" and core.pending[h.effect_id].accepted_ms is None
+    forged = _resp(h).model_copy(update={"request_hash": theirs})
+    got = core.apply(_item("resp", 1, 7, forged), epoch=1, spec=spec)
+    assert (got.decision.action, got.decision.reason) == ("pass_over", "foreign_request")
+    assert got.entry is not None and got.entry.reason == "foreign_request" and not got.outputs
+    assert h.effect_id in core.pending and core.state["seen"] == []
+    mine = core.apply(_item("resp", 2, 8, _resp(h).model_copy(update={"request_hash": own})),
+                      epoch=1, spec=spec)
+    assert mine.decision.action == "deliver" and core.state["seen"] == [[h.effect_id, "ok"]]
+    # the holder's own timeout/unknown names its request too
+    p = Pending("w/0/1@1", 0, 1, 1, INFERENCE_KIND, deadline_ms=50, request_hash=own)
+    assert holder_outcome(p, request_offset=3, outcome="timeout", holder_id="h",
+                          workload_id="w").request_hash == own
+
+
+def _signed(response: ResponseRecord, key: SigningKey) -> ResponseRecord:
+    sig = Signature(alg=key.key_type, key_id=key.key_id,
+                    value=base64.b64encode(key.sign(response.signing_bytes())).decode())
+    return response.model_copy(update={"signature": sig})
+
+
+def test_unsigned_refuse_and_signers_pass_untrusted_answers_over() -> None:
+    """Issue 30, attack 3: under ``unsigned = "refuse"`` an executor's answer without a
+    signature is passed over (``unsigned``); with ``signers``, one signed by a key the spec does
+    not trust for its node (or by a node it does not list) is ``untrusted_key``; the holder's
+    own timeout is merged; replay decides the same from the log."""
+    trusted, rogue = SigningKey.generate(), SigningKey.generate()
+    spec = make_spec().model_copy(update={"unsigned": "refuse",
+                                          "signers": {"e": (trusted.public_key_b64,)}})
+    assert decode(encode(spec)) == spec
+    core = Core.initial(Asker(), WID)
+    h = core.apply(_item("in", 0, 5, _input(1)), epoch=1, spec=spec).outputs[1].header
+    cases = [(_resp(h), "unsigned"), (_signed(_resp(h), rogue), "untrusted_key"),
+             (_signed(_resp(h).model_copy(update={"written_by": "other"}), trusted),
+              "untrusted_key")]
+    for offset, (answer, reason) in enumerate(cases):
+        got = core.apply(_item("resp", offset, 6 + offset, answer), epoch=1, spec=spec)
+        assert (got.decision.action, got.decision.reason) == ("pass_over", reason), reason
+        assert answer_refusal(answer, spec) is not None
+    assert core.state["seen"] == []
+    good = core.apply(_item("resp", 9, 20, _signed(_resp(h), trusted)), epoch=1, spec=spec)
+    assert good.decision.action == "deliver" and core.state["seen"] == [[h.effect_id, "ok"]]
+    # the holder's own timeout: unsigned by design, merged under the policy
+    timeout = ResponseRecord(effect_id=_header(0).effect_id, header=_header(0), request_offset=0,
+                             outcome="timeout", written_by="holder")
+    assert answer_refusal(timeout, spec) is None
+    # the default policy counts and merges
+    assert answer_refusal(_resp(h), make_spec()) is None
 
 
 def test_answer_after_timeout_is_passed_over_as_after_outcome() -> None:
@@ -480,3 +550,25 @@ def test_the_holder_round_does_not_depend_on_how_it_is_cut_into_batches(
     whole = run([10**6], resps)
     assert run(sizes, resps) == whole
     assert run([1], resps) == whole
+
+
+def test_a_tick_is_the_holders_only_when_it_names_its_epochs_holder() -> None:
+    """Issue 30: ticks from another writer than the epoch's holder are rejected (the shell
+    writes them to sys.rejects and never takes them as its clock)."""
+    holders = {1: "h1", 2: "h2"}
+    assert tick_problem(TickRecord(workload_id=WID, epoch=2, holder_id="h2"), holders) is None
+    assert "names holder 'mallory'" in (tick_problem(
+        TickRecord(workload_id=WID, epoch=2, holder_id="mallory"), holders) or "")
+    assert "no claim names" in (tick_problem(
+        TickRecord(workload_id=WID, epoch=7, holder_id="h2"), holders) or "")
+
+
+def test_a_shadow_fold_takes_recorded_answers_whichever_request_they_name() -> None:
+    """A shadow fold's requests may differ from the recorded ones (a rebound model changes a
+    later request): the recorded answers stand for them (``bind_answers`` off)."""
+    spec = make_spec()
+    core = Core.initial(Asker(), WID)
+    core.bind_answers = False
+    h = core.apply(_item("in", 0, 5, _input(3)), epoch=1, spec=spec).outputs[1].header
+    other = _resp(h).model_copy(update={"request_hash": "sha256:" + "e" * 64})
+    assert core.apply(_item("resp", 0, 6, other), epoch=1, spec=spec).decision.action == "deliver"

@@ -16,6 +16,7 @@ from broker_schema import (
     ResponseRecord,
     ShadowEvalRecord,
     encode,
+    request_hash,
 )
 from broker_schema.binding import shadow_models, shadow_spec
 from tests.unit.workload_sdk._sim import MODEL, MODEL2, WID, Asker, Sim, make_spec
@@ -51,7 +52,8 @@ def _drive(values: list[int], *, timeouts: frozenset[int] = frozenset()) -> Sim:
             sim.append("resp", ResponseRecord(
                 effect_id=req.effect_id, header=req.header, request_offset=offset,
                 outcome="ok", output=InlineBody.of_json({"echo": req.params}),
-                model_hash=req.model, written_by="exec-1"))
+                model_hash=req.model, written_by="exec-1",
+                request_hash=request_hash(encode(req))))  # as a real executor names it
         sim.now += 20
         core = sim.holder.core
         if (not core.pending and core.positions["in"] >= sim.log["in"].end
@@ -78,7 +80,8 @@ def _shadow_answer(req: EffectRequest, output: Any, outcome: str = "ok") -> Resp
     return ResponseRecord(effect_id=req.effect_id, header=req.header, request_offset=0,
                           outcome=outcome,  # type: ignore[arg-type]
                           output=None if outcome != "ok" else InlineBody.of_json(output),
-                          model_hash=req.model, written_by="exec-2")
+                          model_hash=req.model, written_by="exec-2",
+                          request_hash=request_hash(encode(req)))
 
 
 def test_the_binding_rule_for_shadows_rebinds_only_names_the_step_binds() -> None:
