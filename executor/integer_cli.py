@@ -132,8 +132,14 @@ def _eval_fidelity(args: argparse.Namespace) -> int:
     prompts = fidelity.load_prompts()
     if args.limit:
         prompts = prompts[: args.limit]
+    int_ops = None
+    if args.backend == "oracle-native":
+        from fx_integer.int_kernel import NativeOps
+
+        int_ops = NativeOps(art)
     rep = fidelity.evaluate(art, prompts=prompts, progress=True, reference=args.reference,
-                            gguf=gguf, long=args.long, greedy_tokens=args.greedy)
+                            gguf=gguf, long=args.long, greedy_tokens=args.greedy,
+                            int_ops=int_ops)
     if args.json:
         print(json.dumps({"model_hash": art.model_hash, **rep.to_json()}))
     else:
@@ -155,6 +161,9 @@ def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser
                    help="numpy: the project's float32 forward of the dequantized weights; "
                         "llama.cpp: llama-cpp-python on the same GGUF (optional extra)")
     p.add_argument("--gguf", help="the GGUF for --reference llama.cpp (default: the model's)")
+    p.add_argument("--backend", choices=("oracle", "oracle-native"), default="oracle",
+                   help="the integer side: the numpy oracle, or its compiled twin (the same "
+                        "bytes, held to it by the parity tests; several times faster)")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts")
     p.add_argument("--long", type=int, default=0,
                    help="also N long prompts past the sliding window (made from the committed "
