@@ -290,3 +290,22 @@ def write(model: str, path: str | os.PathLike[str]) -> Path:
     if model == "cohere2moe-synthetic":
         return write_cohere2moe(path)
     raise KeyError(f"unknown synthetic model {model!r}; known: {MODELS}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fx_integer.synthetic_gguf MODEL PATH``: write a synthetic GGUF, then
+    ``fx models import-int NAME --gguf PATH`` converts it like any other."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m fx_integer.synthetic_gguf",
+                                 description="write one of the project's SYNTHETIC GGUFs")
+    ap.add_argument("model", choices=MODELS)
+    ap.add_argument("path")
+    args = ap.parse_args(argv)
+    p = write(args.model, args.path)
+    print(f"{p} ({p.stat().st_size} bytes, synthetic)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

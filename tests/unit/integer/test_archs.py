@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,22 @@ def test_unsupported_ggufs_are_refused_by_name(ggufs: dict[str, Path], tmp_path:
         gguf_import.convert(_rewrite(src, tmp_path / "a.gguf", arch="mamba"))
     with pytest.raises(gguf_import.UnsupportedGGUF, match=r"missing tensors \['blk.1.attn_k_norm'"):
         gguf_import.convert(_rewrite(src, tmp_path / "b.gguf", drop="blk.1.attn_k_norm.weight"))
+
+
+def test_import_int_accepts_the_synthetic_files(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m fx_integer.synthetic_gguf writes one; fx models import-int --gguf converts it
+    (the same artifact as the converter's own call) and refuses a missing file clearly."""
+    from fx_cli.main import build_parser
+
+    g = tmp_path / "q.gguf"
+    assert synthetic_gguf.main(["qwen3-q1_0-synthetic", str(g)]) == 0
+    ap = build_parser()
+    args = ap.parse_args(["models", "import-int", "qwen3-q1_0-synthetic", "--gguf", str(g),
+                          "--out", str(tmp_path / "q.nlfxint"), "--no-store"])
+    assert args.func(args) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["model_hash"] == artifact.parse(gguf_import.convert(g)).model_hash
+    args = ap.parse_args(["models", "import-int", "x", "--gguf", str(tmp_path / "none.gguf")])
+    assert args.func(args) == 2
+    assert "no GGUF file at" in capsys.readouterr().err
