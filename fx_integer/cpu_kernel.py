@@ -25,7 +25,7 @@ import numpy as np
 
 from ._paths import cache_dir
 from .artifact import Artifact
-from .kernel_ops import SIGNATURES, KernelOps
+from .kernel_ops import GRID2, SIGNATURES, KernelOps
 
 _HERE: Final = Path(__file__).resolve().parent
 SOURCES: Final = (
@@ -100,8 +100,7 @@ def library(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
         kinds = {"p": ctypes.c_void_p, "i": ctypes.c_int, "l": ctypes.c_longlong}
         for name, sig in SIGNATURES.items():
             fn = getattr(lib, "nl_run_" + name.removeprefix("nl_"))
-            ngrid = 2 if name in ("nl_q4_matmul", "nl_q8_matmul", "nl_rope", "nl_attention") \
-                else 1
+            ngrid = 2 if name in GRID2 else 1
             fn.argtypes = [ctypes.c_uint] * (ngrid + 1) + [kinds[c] for c in sig]
             fn.restype = None
         _libs[key] = lib

@@ -15,8 +15,9 @@ from .artifact import Artifact
 from .kernel_ops import SIGNATURES, KernelOps, kernel_source
 
 # CUDA threads per block for each kernel (any value <= 256 gives the same bytes).
-BLOCK: Final = {"nl_q4_matmul": 32, "nl_q8_matmul": 32, "nl_attention": 128, "nl_rmsnorm": 128,
-                "nl_rope": 32, "nl_embed": 128, "nl_swiglu": 256}
+BLOCK: Final = {"nl_q4_matmul": 32, "nl_qmatmul_s32": 32, "nl_qmatmul_s64": 32,
+                "nl_attention": 128, "nl_rmsnorm": 128, "nl_rope": 32, "nl_embed_s32": 128,
+                "nl_embed_s64": 128, "nl_swiglu": 256, "nl_geglu": 256, "nl_scale": 256}
 
 
 def available() -> bool:
@@ -43,6 +44,9 @@ class CupyOps(KernelOps):
 
     def put(self, a: Any) -> Any:
         return self.cp.asarray(np.ascontiguousarray(a))
+
+    def host(self, a: Any) -> Any:
+        return np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.int64)
 
     def check(self, what: str, maxabs: Any, limit: int) -> None:
         self._flags.append((what, maxabs, limit))

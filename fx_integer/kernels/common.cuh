@@ -80,6 +80,35 @@ __device__ __forceinline__ i64 sigmoid_q30(i64 x) {
 
 __device__ __forceinline__ i64 silu_q16(i64 x) { return rshift_round(x * sigmoid_q30(x), 30); }
 
+// gelu_tanh(x) = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x**3)), Q.16 in and out (|x| < 2**31);
+// the cube is taken of x clamped to +-16 (Q.16 2**20), where the sigmoid already saturates.
+#define NL_GELU_2C_Q30 1713444047LL
+#define NL_GELU_A_Q30 48012366LL
+#define NL_GELU_CLAMP (1LL << 20)
+
+__device__ __forceinline__ i64 gelu_tanh_q16(i64 x) {
+    i64 c = x < -NL_GELU_CLAMP ? -NL_GELU_CLAMP : (x > NL_GELU_CLAMP ? NL_GELU_CLAMP : x);
+    i64 c2 = rshift_round(c * c, 16);
+    i64 c3 = rshift_round(c2 * c, 16);
+    i64 inner = c + rshift_round(c3 * NL_GELU_A_Q30, 30);
+    i64 arg = rshift_round(inner * NL_GELU_2C_Q30, 30);
+    return rshift_round(x * sigmoid_q30(arg), 30);
+}
+
+// rshift_round(n * g, 32) for |n| < 2**31, |g| < 2**40 without forming n * g:
+// g = gh * 2**16 + gl (0 <= gl < 2**16), floor shifts throughout.
+__device__ __forceinline__ i64 mul_rshift_round32(i64 n, i64 g) {
+    i64 gh = g >> 16;
+    i64 gl = g & 0xFFFFLL;
+    return (n * gh + ((n * gl) >> 16) + (1LL << 15)) >> 16;
+}
+
+// floor(a / b) for b > 0 and any sign of a (Python's //; C's / truncates towards zero)
+__device__ __forceinline__ i64 floor_div(i64 a, i64 b) {
+    i64 q = a / b;
+    return (q * b > a) ? q - 1 : q;
+}
+
 // Block-wide integer sum and max (exact, so the reduction order cannot matter).
 __device__ __forceinline__ i64 block_sum(i64 v, i64* red) {
     red[threadIdx.x] = v;

@@ -44,6 +44,17 @@ def test_synthetic_parity(cupy_ops_factory, threads: int) -> None:  # type: igno
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3", "cohere2-moe"])
+def test_format2_archs_parity(cupy_ops_factory, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """The synthetic format 2 architectures (fx_integer.synthetic_archs): every scenario of
+    tests/unit/integer/arch_scenarios.py byte-identical to the oracle's."""
+    from tests.unit.integer import arch_scenarios
+
+    art = arch_scenarios.arts()[arch]
+    got = arch_scenarios.scenarios(cupy_ops_factory(art))
+    assert got == arch_scenarios.scenarios(OracleOps(art))
+
+
 def _real_artifact() -> Path:
     env = os.environ.get("FX_ARTIFACT")
     if env:

@@ -23,6 +23,7 @@ from fx_integer.generation import GenRequest, generate_batch, to_host
 from fx_integer.kernel_ops import SIGNATURES, kernel_source
 from fx_integer.oracle import FixedPointOverflow, KVCache, OracleOps, forward
 from fx_integer.sampling import SamplingParams
+from fx_integer.synthetic_archs import synthetic_v2
 from tests.gpu import fake_cupy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,12 +71,66 @@ def test_cupy_ops_on_the_fake_device(fake: Any, synth: artifact.Artifact,
         gpu = CupyOps(synth, threads=threads)
         for toks in ([1, 5, 77, 200, 3], [1, 2], list(range(3, 40))):
             assert _prefill(gpu, toks) == _prefill(synth_oracle, toks)
-    assert {name for name, *_ in gpu.module.log} == set(SIGNATURES)  # every kernel launched
+    # every kernel of format 1's llama (Q4_1 nibbles, the Q8_0 head and embedding) launched
+    assert {name for name, *_ in gpu.module.log} == set(SIGNATURES) - FORMAT2_ONLY
     reqs = [GenRequest(prompt_tokens=(1, 5, 77), max_tokens=4, sampling=s, stop_token=None)
             for s in (SamplingParams(), SamplingParams(temperature_q16=45875, seed=3))]
     assert generate_batch(gpu, reqs) == generate_batch(synth_oracle, reqs)
     with pytest.raises(ValueError):
         CupyOps(synth, threads=257)
+
+
+FORMAT2_ONLY = {"nl_geglu", "nl_scale", "nl_qmatmul_s64", "nl_embed_s64"}
+
+
+def test_cupy_ops_format2_on_the_fake_device(fake: Any) -> None:
+    """Each synthetic format 2 architecture through CupyOps on the fake device: its scenarios
+    (every row of a prompt past the window, batches both ways, split prefill, batched decode)
+    equal the oracle's; the router's host round trip and the experts' combination in ``xp``
+    run on 'device' arrays; int64 scales reach their kernels. Every kernel but format 1's
+    nibble-packed matmul is launched."""
+    from fx_integer.artifact import QWeight
+    from fx_integer.cupy_backend import CupyOps
+    from fx_integer.oracle import embed_rows, qmatmul, qmatrix
+    from tests.unit.integer import arch_scenarios
+
+    launched: set[str] = set()
+    for arch, art in arch_scenarios.arts().items():
+        gpu = CupyOps(art)
+        names = None if arch == "cohere2-moe" else ("long", "short+long")
+        got = arch_scenarios.scenarios(gpu, names)
+        want = arch_scenarios.scenarios(OracleOps(art), names)
+        assert got == want, arch
+        launched |= {name for name, *_ in gpu.module.log}
+    rng = np.random.Generator(np.random.PCG64(1))
+    codes = rng.integers(-32, 32, size=(40, 64), dtype=np.int8)
+    scale = rng.integers(-(1 << 32), 1 << 32, size=(40, 4), dtype=np.int64)  # past int32
+    w = QWeight(codes, scale, None, 16, 32, "test")
+    gpu.mats["wide"] = gpu.emb = gpu.device_matrix(w)
+    x = rng.integers(-(1 << 16), 1 << 16, size=(3, 64), dtype=np.int64)
+    assert to_host(gpu.matmul(fake.asarray(x), "wide")).tobytes() == \
+        qmatmul(x, qmatrix(w)).tobytes()
+    toks = np.asarray([0, 39, 7], dtype=np.int64)
+    assert to_host(gpu.embed(toks)).tobytes() == embed_rows(w, toks).tobytes()
+    gpu.finish()
+    launched |= {name for name, *_ in gpu.module.log}
+    assert launched == set(SIGNATURES) - {"nl_q4_matmul"}  # format 1's nibbles only
+
+
+def test_gpu_check_arch_section_on_the_fake_device(fake: Any, tmp_path: Path) -> None:
+    """bench/gpu_check.py's section 4 (format 2 artifacts) on each synthetic architecture."""
+    from fx_integer.cupy_backend import CupyOps
+    from tests.unit.integer import arch_scenarios
+
+    gpu_check = _gpu_check()
+    for arch, seed in arch_scenarios.SEEDS.items():
+        p = tmp_path / f"{arch}.nlfxint"
+        artifact.write(p, synthetic_v2(seed, arch=arch))
+        rep = gpu_check.arch_checks(str(p), CupyOps, fake)
+        assert (rep["prefill_equal"], rep["split_prefill_equal"], rep["batched_equal"]) == \
+            (True, True, True), (arch, rep)
+        assert rep["prompt_tokens"] > 2 * artifact.load(p).config.window
+        assert rep["decode_tok_s_batch1"] > 0 and rep["decode_tok_s_batch8"] > 0
 
 
 def test_deferred_overflow_flags(fake: Any, synth: artifact.Artifact,
