@@ -230,9 +230,11 @@ class ExecutorState:
         self.node_id = node_id
         #: Directories of this machine that no answer names (model store, chunk store, key):
         #: :func:`redact` takes them out of every error message written.
+        # longest first (a path inside another is redacted before it), then by name: the
+        # order never depends on the set's hash seed
         self.private_paths = tuple(sorted({p.rstrip("/") for p in private_paths
                                            if p.startswith("/") and p.strip("/")},
-                                          key=len, reverse=True))
+                                          key=lambda p: (-len(p), p)))
         #: Effect kinds served -> queue limit (requests waiting plus running).
         self.queue_limits: dict[str, int] = dict(kinds)
         #: What refusals name as their executor: no engine ran for them.

@@ -2,9 +2,9 @@
 
 The workload asks ``llm`` as an effect (mode B) and nobody serves it, as when a site is cut off:
 the request ends in a recorded ``timeout``, and the step answers with its own mode A model
-(SmolLM2-135M, then Gemma 3 270M, in integer fixed point, named by hash in the spec). Replay recomputes the local
-inference, in processes with other BLAS thread counts, and lands on the same bytes; the answer
-is the one the integer engine gives when called directly."""
+(SmolLM2-135M, then Gemma 3 270M, in integer fixed point, named by hash in the spec). Replay
+recomputes the local inference, in processes with other BLAS thread counts, and lands on the
+same bytes; the answer is the one the integer engine gives when called directly."""
 
 from __future__ import annotations
 

@@ -399,7 +399,7 @@ def test_error_messages_name_no_server_path() -> None:
     """Issue 30: an answer says nothing of the executor's file system."""
     st = ExecutorState(node_id="n1", kinds={INFERENCE_KIND: 4}, engine_info=INFO,
                        private_paths=("/srv/fx/chunks", "/srv/fx/models/", ".", "relative"))
-    assert st.private_paths == ("/srv/fx/models", "/srv/fx/chunks")
+    assert st.private_paths == ("/srv/fx/chunks", "/srv/fx/models")
     st.observe_spec(spec(WL, {"m": M1}), offset=0)
     d = run(st, request(WL, M1, epoch=1))
     assert isinstance(d, Admit)
