@@ -173,14 +173,20 @@ class _Reference:
         return self.llama.logits(toks)
 
 
+def _host(a: Any) -> np.ndarray[Any, Any]:
+    """A backend array on the host with its own dtype (float logits stay float)."""
+    get = getattr(a, "get", None)
+    return np.asarray(get() if callable(get) else a)
+
+
 def _greedy(ops: Ops, toks: list[int], n: int) -> list[int]:
     cache = KVCache(ops)
-    row = to_host(forward(ops, [(cache, toks)])[0])[0]
+    row = _host(forward(ops, [(cache, toks)])[0])[0]
     out = []
     for _ in range(n):
         nxt = int(np.argmax(row))
         out.append(nxt)
-        row = to_host(forward(ops, [(cache, [nxt])])[0])[0]
+        row = _host(forward(ops, [(cache, [nxt])])[0])[0]
     return out
 
 

@@ -187,3 +187,20 @@ def test_import_int_accepts_the_synthetic_files(tmp_path: Path,
     args = ap.parse_args(["models", "import-int", "x", "--gguf", str(tmp_path / "none.gguf")])
     assert args.func(args) == 2
     assert "no GGUF file at" in capsys.readouterr().err
+
+
+def test_fidelity_greedy_reads_float_logits_as_floats(arts: dict[str, artifact.Artifact]) -> None:
+    """Free-running greedy on the float reference starts from the same choice as its
+    teacher-forced last row (float logits were once cast to integers there, flattening them
+    into ties); the integer side gives its own greedy tokens, and the report counts them."""
+    from fx_integer import fidelity
+
+    a = arts["qwen3-q1_0-synthetic"]
+    toks = Tokenizer(a.tokenizer).encode(TEXT)
+    fo = FloatOps(a)
+    last = np.asarray(forward(fo, [(KVCache(fo), toks)], all_logits=True)[0])[-1]
+    assert fidelity._greedy(fo, toks, 3)[0] == int(np.argmax(last))
+    rep = fidelity.evaluate(a, prompts=[{"id": "t", "text": TEXT}], int_ops=NativeOps(a),
+                            float_ops=fo, greedy_tokens=3)
+    assert rep.greedy[0].tokens == 3 and 0 <= rep.greedy[0].agreed <= 3
+    assert rep.to_json()["greedy"][0]["id"] == "t"
