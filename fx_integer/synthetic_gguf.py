@@ -28,6 +28,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from . import quants
+
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
 
@@ -37,83 +39,57 @@ MODELS: Final = ("qwen3-q1_0-synthetic", "cohere2moe-synthetic")
 # ------------------------------------------------------------------ block encoders (ggml)
 
 
-def _f16(v: npt.NDArray[Any]) -> U8:
-    return np.ascontiguousarray(np.asarray(v, dtype=np.float16)).view(np.uint8)
+def _bits(v: npt.NDArray[Any]) -> npt.NDArray[np.uint16]:
+    return np.asarray(v, dtype=np.float16).view(np.uint16)
+
+
+def _rows(data: bytes, rows: int) -> U8:
+    return np.frombuffer(data, dtype=np.uint8).reshape(rows, -1)
+
+
+# The quantisers below only choose integers from floats (simple min/max rules, not ggml's
+# search: any valid bytes serve a synthetic model); the block bytes are quants.encode's.
 
 
 def encode_q1_0(w: F32) -> U8:
-    """ggml's Q1_0 (QK 128): per block an f16 ``d`` (the mean |w|), then 16 bytes of sign bits,
-    weight j in bit j % 8 of byte j // 8 (LSB first), bit 1 -> +d, bit 0 -> -d."""
+    """Q1_0: per 128 weights d = mean |w| (f16), code +1 where w >= 0, else -1."""
     rows, cols = w.shape
     b = w.reshape(rows, cols // 128, 128)
-    d = np.abs(b).mean(axis=-1)
-    bits = (b >= 0).astype(np.uint8).reshape(rows, cols // 128, 16, 8)
-    qs = (bits << np.arange(8, dtype=np.uint8)).sum(axis=-1, dtype=np.uint8)
-    out = np.concatenate([_f16(d).reshape(rows, cols // 128, 2), qs], axis=-1)
-    return np.ascontiguousarray(out.reshape(rows, -1))
-
-
-def _k_scales(sc: npt.NDArray[np.int64], mn: npt.NDArray[np.int64]) -> U8:
-    """The 12 bytes of Q4_K/Q5_K's eight 6-bit scales and mins (get_scale_min_k4's inverse)."""
-    q = np.zeros((*sc.shape[:-1], 12), dtype=np.int64)
-    for j in range(4):
-        q[..., j] = sc[..., j] | ((sc[..., j + 4] >> 4) << 6)
-        q[..., j + 4] = mn[..., j] | ((mn[..., j + 4] >> 4) << 6)
-        q[..., j + 8] = (sc[..., j + 4] & 0xF) | ((mn[..., j + 4] & 0xF) << 4)
-    return q.astype(np.uint8)
+    codes = np.where(b >= 0, 1, -1).reshape(rows, cols)
+    return _rows(quants.encode("Q1_0", codes, _bits(np.abs(b).mean(axis=-1))), rows)
 
 
 def encode_q4_k(w: F32) -> U8:
-    """ggml's Q4_K (super-blocks of 256 = 8 x 32): f16 d, f16 dmin, 12 bytes of 6-bit scales
-    and mins, 128 bytes of nibbles; w = d * sc_j * q - dmin * m_j, q in 0..15. A simple
-    min/max quantiser (not ggml's search): any valid bytes serve a synthetic model."""
+    """Q4_K: w = d * sc_j * q - dmin * m_j per sub-block of 32, q in 0..15."""
     rows, cols = w.shape
     nb = cols // 256
     b = w.reshape(rows, nb, 8, 32).astype(np.float64)
     lo = np.minimum(b.min(axis=-1), 0.0)
     scale = (b.max(axis=-1) - lo) / 15.0
-    d = np.maximum(scale.max(axis=-1), 1e-8) / 63.0
-    dmin = np.maximum((-lo).max(axis=-1), 1e-8) / 63.0
-    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
+    d16 = (np.maximum(scale.max(axis=-1), 1e-8) / 63.0).astype(np.float16)
+    dmin16 = (np.maximum((-lo).max(axis=-1), 1e-8) / 63.0).astype(np.float16)
     sc = np.clip(np.rint(scale / d16.astype(np.float64)[..., None]), 1, 63).astype(np.int64)
     mn = np.clip(np.rint(-lo / dmin16.astype(np.float64)[..., None]), 0, 63).astype(np.int64)
     eff_d = d16.astype(np.float64)[..., None] * sc
     eff_m = dmin16.astype(np.float64)[..., None] * mn
-    q = np.clip(np.rint((b + eff_m[..., None]) / eff_d[..., None]), 0, 15).astype(np.uint8)
-    qs = np.empty((rows, nb, 128), dtype=np.uint8)
-    for c in range(4):  # 64 weights per 32 bytes: sub-block 2c low nibbles, 2c+1 high
-        qs[:, :, 32 * c:32 * c + 32] = q[:, :, 2 * c] | (q[:, :, 2 * c + 1] << 4)
-    out = np.concatenate([_f16(d16).reshape(rows, nb, 2), _f16(dmin16).reshape(rows, nb, 2),
-                          _k_scales(sc, mn), qs], axis=-1)
-    return np.ascontiguousarray(out.reshape(rows, -1))
+    q = np.clip(np.rint((b + eff_m[..., None]) / eff_d[..., None]), 0, 15).astype(np.int64)
+    return _rows(quants.encode("Q4_K", q.reshape(rows, cols), _bits(d16),
+                                       m_bits=_bits(dmin16), sub_scales=sc.reshape(rows, -1),
+                                       sub_mins=mn.reshape(rows, -1)), rows)
 
 
 def encode_q6_k(w: F32) -> U8:
-    """ggml's Q6_K (super-blocks of 256 = 16 x 16): 128 bytes of low nibbles, 64 bytes of high
-    2-bit pairs, 16 int8 scales, f16 d; w = d * sc_j * (q - 32), q in 0..63."""
+    """Q6_K: w = d * sc_j * code per sub-block of 16, code in -32..31."""
     rows, cols = w.shape
     nb = cols // 256
     b = w.reshape(rows, nb, 16, 16).astype(np.float64)
-    amax = np.maximum(np.abs(b).max(axis=-1), 1e-8)
-    scale = amax / 31.0
+    scale = np.maximum(np.abs(b).max(axis=-1), 1e-8) / 31.0
     d16 = (np.maximum(scale.max(axis=-1), 1e-8) / 127.0).astype(np.float16)
     sc = np.clip(np.rint(scale / d16.astype(np.float64)[..., None]), 1, 127).astype(np.int64)
     eff = d16.astype(np.float64)[..., None] * sc
-    q = (np.clip(np.rint(b / eff[..., None]), -32, 31) + 32).astype(np.int64)
-    q = q.reshape(rows, nb, 256)
-    ql = np.empty((rows, nb, 128), dtype=np.int64)
-    qh = np.empty((rows, nb, 64), dtype=np.int64)
-    for n in range(2):  # two halves of 128 weights
-        h = q[:, :, 128 * n:128 * n + 128]
-        q1, q2, q3, q4 = h[..., 0:32], h[..., 32:64], h[..., 64:96], h[..., 96:128]
-        ql[:, :, 64 * n:64 * n + 32] = (q1 & 0xF) | ((q3 & 0xF) << 4)
-        ql[:, :, 64 * n + 32:64 * n + 64] = (q2 & 0xF) | ((q4 & 0xF) << 4)
-        qh[:, :, 32 * n:32 * n + 32] = ((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4)
-                                        | ((q4 >> 4) << 6))
-    out = np.concatenate([ql.astype(np.uint8), qh.astype(np.uint8),
-                          sc.astype(np.int8).view(np.uint8), _f16(d16).reshape(rows, nb, 2)],
-                         axis=-1)
-    return np.ascontiguousarray(out.reshape(rows, -1))
+    q = np.clip(np.rint(b / eff[..., None]), -32, 31).astype(np.int64)
+    return _rows(quants.encode("Q6_K", q.reshape(rows, cols), _bits(d16),
+                                       sub_scales=sc.reshape(rows, -1)), rows)
 
 
 # ------------------------------------------------------------------------------ writers
