@@ -17,9 +17,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from executor.config import ConfigError
 from fx_kafka.client import bootstrap_of
 from fx_kafka.security import use_security
+from fx_node.settings import ConfigError
 
 __all__ = ["register"]
 

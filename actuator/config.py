@@ -1,6 +1,6 @@
 """The actuator gateway's configuration: one typed, printable object.
 
-Sources, later ones winning (the executor's loader, :func:`executor.config.load_settings`): the
+Sources, later ones winning (the executor's loader, :func:`fx_node.settings.load_settings`): the
 field defaults, a TOML or JSON file (``fx actuator run --config FILE``; a TOML file may put
 everything under an ``[actuator]`` table), then ``FX_ACTUATOR_<FIELD>`` environment variables
 (dict and list fields as JSON). ``bootstrap`` falls back to ``FX_KAFKA_BOOTSTRAP``.
@@ -37,13 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from broker_schema import topics
 from broker_schema.records import EffectKind, Guarantee
-from executor.config import (
+from fx_kafka.security import ClientSecurity
+from fx_node.settings import (
     check_security_keys,
     default_data_dir,
     load_settings,
     security_of,
 )
-from fx_kafka.security import ClientSecurity
 
 __all__ = ["CRASH_POINTS", "ENV_PREFIX", "DeviceConfig", "GatewayConfig", "KindConfig",
            "TelemetryConfig", "load_gateway_config"]
@@ -204,6 +204,6 @@ def load_gateway_config(path: str | Path | None = None, *,
                         environ: Mapping[str, str] | None = None,
                         **overrides: Any) -> GatewayConfig:
     """Build the config from ``path``, then ``FX_ACTUATOR_*`` variables, then ``overrides``.
-    Raises :class:`executor.config.ConfigError`."""
+    Raises :class:`fx_node.settings.ConfigError`."""
     return load_settings(GatewayConfig, path, table="actuator", prefix=ENV_PREFIX,
                          environ=environ, overrides=overrides)

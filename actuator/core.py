@@ -2,7 +2,7 @@
 remember before and after a device write, and which records say so. No I/O, no clock reads.
 
 A request of a kind this gateway serves is first judged by the executor's own rules
-(:func:`executor.core.decide` with the model status ``ready`` when it names no model: the same
+(:func:`fx_node.admission.decide` with the model status ``ready`` when it names no model: the same
 ``stale_epoch``, ``no_spec``, ``kind_unbound``, ``input_forbidden``, ``deadline_passed`` and
 backpressure refusals, the same ``accepted`` record and in-flight table), then by the gateway's,
 in this order:
@@ -52,7 +52,7 @@ from broker_schema.records import (
     SpecRecord,
     Timing,
 )
-from executor.core import (
+from fx_node.admission import (
     Admit,
     ExecutorState,
     Ignore,
@@ -62,7 +62,7 @@ from executor.core import (
     ok_response,
     refusal,
 )
-from executor.core import decide as decide_request
+from fx_node.admission import decide as decide_request
 
 __all__ = ["Command", "Execute", "GatewayDecision", "GatewayState", "Leave", "Memory",
            "Reanswer",
@@ -121,7 +121,7 @@ class Memory:
 class GatewayState:
     """The gateway's state: the executor's (claims, specs, in-flight table) and its memory.
 
-    Touched only by the service's event-loop thread (see :class:`executor.core.ExecutorState`).
+    Touched only by the service's event-loop thread (see :class:`fx_node.admission.ExecutorState`).
     """
 
     def __init__(self, config: GatewayConfig) -> None:

@@ -20,7 +20,7 @@ from pymodbus.client import AsyncModbusTcpClient
 from pymodbus.exceptions import ModbusException
 
 from actuator.config import DeviceConfig
-from executor.errors import OutcomeError
+from fx_node.errors import OutcomeError
 
 __all__ = ["InDoubt", "ModbusDevice"]
 

@@ -2,7 +2,7 @@
 
 Per actuation kind served, one consumer in group ``<group_prefix>.<kind>`` subscribed by pattern
 to ``wl.*.out`` (like the executor). For every request read: catch up on the workload's
-``.claims`` and ``.spec`` (:mod:`executor.sync`), ask :func:`actuator.core.decide`, then
+``.claims`` and ``.spec`` (:mod:`fx_node.sync`), ask :func:`actuator.core.decide`, then
 
 - a refusal (or a done at-most-once command read again): one signed response;
 - a command: ``accepted`` (acks=all), then, under the device's lock, what the guarantee says to
@@ -69,18 +69,6 @@ from broker_schema.records import (
     ResponseRecord,
 )
 from broker_schema.signatures import HOLDER_SIG_HEADER
-from executor.core import (
-    Ignore,
-    OffsetTracker,
-    Refuse,
-    holder_problem,
-    renewal_due,
-    renewed,
-)
-from executor.errors import OutcomeError
-from executor.facts import build_facts, facts_changed
-from executor.identity import NodeIdentity
-from executor.sync import ClaimsSpecReader, catch_up
 from fx_kafka.client import (
     create_topics,
     header_value,
@@ -91,6 +79,18 @@ from fx_kafka.client import (
 )
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import ensure_system_topics
+from fx_node.admission import (
+    Ignore,
+    OffsetTracker,
+    Refuse,
+    holder_problem,
+    renewal_due,
+    renewed,
+)
+from fx_node.errors import OutcomeError
+from fx_node.facts import build_facts, facts_changed
+from fx_node.identity import NodeIdentity
+from fx_node.sync import ClaimsSpecReader, catch_up
 
 __all__ = ["GatewayService"]
 
@@ -175,7 +175,7 @@ class GatewayService:
             self._tasks.append(asyncio.create_task(
                 self._telemetry(entry.device, entry.workload_id, entry.interval_s)))
         if cfg.http_port is not None:
-            from executor.http import UvicornServer, create_app
+            from fx_node.http import UvicornServer, create_app
 
             self._http = UvicornServer(create_app(self, title="ninelives-fx actuator gateway"),
                                        cfg.http_host, cfg.http_port)
@@ -495,7 +495,7 @@ class GatewayService:
 
     async def _lease_renewer(self) -> None:
         """While a command is in flight, write its ``accepted`` again each third of its lease
-        (:func:`executor.core.renewal_due`), as the executor does."""
+        (:func:`fx_node.admission.renewal_due`), as the executor does."""
         while True:
             await asyncio.sleep(0.2)
             now_us = _now_us()

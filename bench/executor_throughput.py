@@ -232,7 +232,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "state": {"dtype": "float32", "shape": [2, 1, 128], "data": [0.0] * 256},
                 "sr": {"dtype": "int64", "shape": [], "data": 16000}}}).encode()
             results["trivial_model"] = "silero-vad op15, one 512-sample chunk (onnx missing)"
-        py = (ROOT / "executor" / "core.py").read_bytes()
+        py = (ROOT / "fx_node" / "admission.py").read_bytes()
         cfg = magika.config
 
         def magika_feeds(k: int) -> Callable[[], dict[str, Any]]:

@@ -22,17 +22,17 @@ from broker_schema.records import (
     InlineBody,
     ResponseRecord,
 )
-from executor.core import (
+from executor.engines import Engine, EngineResult, KindHandler
+from executor.ledger import LedgerWriter
+from executor.models import ModelManifest
+from executor.scheduler import HANDLER_KEY, Job
+from fx_node.admission import (
     InFlight,
     OffsetTracker,
     error_response,
     ok_response,
 )
-from executor.engines import Engine, EngineResult, KindHandler
-from executor.errors import EngineError, ModelError, OutcomeError
-from executor.ledger import LedgerWriter
-from executor.models import ModelManifest
-from executor.scheduler import HANDLER_KEY, Job
+from fx_node.errors import EngineError, ModelError, OutcomeError
 
 if TYPE_CHECKING:
     from executor.service import ExecutorService

@@ -2,7 +2,7 @@
 
 A request whose input is over the 64 KiB inline limit names a chunk by hash and size; the chunk
 must have been stored **for the request's workload** (chunks are per workload: see
-:mod:`executor.chunks` and :func:`executor.core.chunk_problem`). ``put`` prints the reference as
+:mod:`executor.chunks` and :func:`fx_node.admission.chunk_problem`). ``put`` prints the reference as
 JSON, ready to be a request's or an input record's ``body``.
 
 The store is the executor's: ``--config`` (its ``chunk_backend``, ``chunk_dir``, ``bootstrap`` and
@@ -24,9 +24,10 @@ from broker_schema.canonical import is_hash
 from broker_schema.records import ChunkRef
 from broker_schema.topics import check_workload_id
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
-from executor.config import ConfigError, ExecutorConfig, load_config
-from executor.errors import OutcomeError
+from executor.config import ExecutorConfig, load_config
 from fx_kafka.security import use_security
+from fx_node.errors import OutcomeError
+from fx_node.settings import ConfigError
 
 __all__ = ["add_chunk"]
 

@@ -3,7 +3,7 @@
 Chunks are stored **per workload**: every read and write names the workload the chunk belongs
 to, and a chunk stored for one workload is not there for another, even with the same bytes.
 Which workload a request may read chunks of is decided, purely, by
-:func:`executor.core.chunk_problem`; the store only keeps the namespaces apart.
+:func:`fx_node.admission.chunk_problem`; the store only keeps the namespaces apart.
 
 Two backends with one interface (:class:`ChunkStore`):
 
@@ -53,7 +53,7 @@ from broker_schema.chunks import (
 from broker_schema.chunks import check_chunk as _check_chunk
 from broker_schema.records import ChunkRef
 from broker_schema.topics import check_workload_id
-from executor.errors import OutcomeError
+from fx_node.errors import OutcomeError
 
 __all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check_chunk"]
 
@@ -81,7 +81,7 @@ class ChunkStore(Protocol):
     async def get(self, ref: ChunkRef, *, workload: str) -> bytes:
         """The bytes of ``workload``'s chunk ``ref.hash``, hash-checked (``input_missing`` /
         ``input_hash_mismatch``). ``ref.workload`` is not looked at: the caller decides whose
-        chunk to read (:func:`executor.core.chunk_owner`)."""
+        chunk to read (:func:`fx_node.admission.chunk_owner`)."""
         ...
 
     async def put(self, data: bytes, *, workload: str,

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from executor.config import ConfigError, default_data_dir, load_config
+from executor.config import load_config
 from fx_kafka.security import use_security
+from fx_node.settings import ConfigError, default_data_dir
 
 __all__ = ["register"]
 
@@ -97,8 +98,8 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from executor.errors import ModelError
     from executor.models import ModelStore
+    from fx_node.errors import ModelError
 
     store = ModelStore(_store_dir(args))
     rows: list[dict[str, Any]] = []

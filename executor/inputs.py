@@ -24,14 +24,14 @@ from broker_schema.records import (
     InputRecord,
     StreamRef,
 )
-from executor.core import (
+from executor.engines import EngineResult
+from fx_kafka.client import make_consumer
+from fx_kafka.retry import backoff_s, broker_unavailable
+from fx_node.admission import (
     chunk_owner,
     chunk_problem,
 )
-from executor.engines import EngineResult
-from executor.errors import EngineError, OutcomeError
-from fx_kafka.client import make_consumer
-from fx_kafka.retry import backoff_s, broker_unavailable
+from fx_node.errors import EngineError, OutcomeError
 
 if TYPE_CHECKING:
     from executor.service import ExecutorService
@@ -94,7 +94,7 @@ class InputsMixin:
 
     async def _read_stream(self: ExecutorService, ref: StreamRef, *,
                            give_up_at: float | None = None) -> bytes:
-        """The record ``ref`` names (a topic :func:`executor.core.input_problem` allowed).
+        """The record ``ref`` names (a topic :func:`fx_node.admission.input_problem` allowed).
 
         A topic that does not exist, or a partition or offset it does not hold, is a prompt
         ``input_missing``: the metadata check comes first and never creates a topic. While the

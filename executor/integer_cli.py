@@ -31,7 +31,8 @@ def _store_dir(args: argparse.Namespace) -> Path:
     """``--store``, else the executor config's ``model_dir`` (``--config`` or the defaults)."""
     if getattr(args, "store", None):
         return Path(args.store)
-    from executor.config import ConfigError, default_data_dir, load_config
+    from executor.config import load_config
+    from fx_node.settings import ConfigError, default_data_dir
 
     try:
         return load_config(getattr(args, "config", None)).model_dir

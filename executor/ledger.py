@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from broker_schema import signatures, topics
-from executor.identity import NodeIdentity
 from fx_integer import ledger as L
+from fx_node.identity import NodeIdentity
 
 __all__ = ["LedgerWriter", "read_ledger"]
 

@@ -43,7 +43,7 @@ from broker_schema.canonical import (
     is_hash,
     sha256_hex,
 )
-from executor.errors import ModelError
+from fx_node.errors import ModelError
 
 __all__ = [
     "INTERFACES",

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.core import InFlight, OffsetTracker
+from fx_node.admission import InFlight, OffsetTracker
 
 __all__ = ["HANDLER_KEY", "Job", "Scheduler"]
 

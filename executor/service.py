@@ -1,4 +1,4 @@
-"""The executor service: a thin aiokafka shell around :mod:`executor.core`.
+"""The executor service: a thin aiokafka shell around :mod:`fx_node.admission`.
 
 Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscribed by pattern to
 ``wl.*.out`` (narrowed by ``topic_pattern``). For every record read:
@@ -8,7 +8,7 @@ Per effect kind served, one consumer in group ``<group_prefix>.<kind>`` subscrib
    (``fx_executor_rejected_records_total{code}``), logged with topic/partition/offset, written to
    ``sys.rejects`` and passed;
 2. catch up on the workload's ``.claims`` and ``.spec`` (a side consumer reads both up to their end
-   offsets at reading time), check the model store, and ask :func:`executor.core.decide`;
+   offsets at reading time), check the model store, and ask :func:`fx_node.admission.decide`;
 3. refusals and backpressure: one signed ``response``; admitted: ``accepted`` (acks=all), then the
    job's input is read in a task of its own (at most ``input_fetchers`` at once; a stream reference
    is checked against the cluster metadata first, so a missing topic is a prompt ``input_missing``
@@ -92,7 +92,31 @@ from executor.accelerators import node_devices
 from executor.answering import AnswerMixin, _now_us
 from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
 from executor.config import ExecutorConfig
-from executor.core import (
+from executor.engines import (
+    BUILTIN_ENGINES,
+    Engine,
+    EngineOptions,
+    KindHandler,
+    build_engine,
+    build_handler,
+)
+from executor.inputs import InputsMixin
+from executor.ledger import LedgerWriter
+from executor.metrics import ExecutorMetrics
+from executor.models import ModelManifest, ModelStore
+from executor.producing import PRODUCER_BATCH_BYTES, ProducerMixin, _close_quietly
+from executor.scheduler import HANDLER_KEY, Job, Scheduler
+from fx_kafka.client import (
+    MIRROR_OFFSET_HEADER,
+    header_value,
+    make_consumer,
+    make_producer,
+    mirror_header,
+    wait_ready,
+)
+from fx_kafka.retry import broker_unavailable
+from fx_kafka.workload import ensure_system_topics
+from fx_node.admission import (
     Admit,
     ExecutorState,
     Ignore,
@@ -104,34 +128,10 @@ from executor.core import (
     renewal_due,
     renewed,
 )
-from executor.engines import (
-    BUILTIN_ENGINES,
-    Engine,
-    EngineOptions,
-    KindHandler,
-    build_engine,
-    build_handler,
-)
-from executor.errors import EngineError, ModelError, OutcomeError
-from executor.facts import build_facts, facts_changed
-from executor.identity import NodeIdentity
-from executor.inputs import InputsMixin
-from executor.ledger import LedgerWriter
-from executor.metrics import ExecutorMetrics
-from executor.models import ModelManifest, ModelStore
-from executor.producing import PRODUCER_BATCH_BYTES, ProducerMixin, _close_quietly
-from executor.scheduler import HANDLER_KEY, Job, Scheduler
-from executor.sync import ClaimsSpecReader, catch_up
-from fx_kafka.client import (
-    MIRROR_OFFSET_HEADER,
-    header_value,
-    make_consumer,
-    make_producer,
-    mirror_header,
-    wait_ready,
-)
-from fx_kafka.retry import broker_unavailable
-from fx_kafka.workload import ensure_system_topics
+from fx_node.errors import EngineError, ModelError, OutcomeError
+from fx_node.facts import build_facts, facts_changed
+from fx_node.identity import NodeIdentity
+from fx_node.sync import ClaimsSpecReader, catch_up
 
 __all__ = ["ExecutorService", "executor_version"]
 
@@ -235,7 +235,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         self._stopping = False
         self._fatal: BaseException | None = None
         self._facts: Any = None
-        self._http: Any = None  # executor.http.UvicornServer, imported with HTTP only
+        self._http: Any = None  # fx_node.http.UvicornServer, imported with HTTP only
         self._started = False
         self._reject_kind = sorted(config.kinds)[0]
         #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
@@ -304,7 +304,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
             self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
         self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:
-            from executor.http import UvicornServer, create_app
+            from fx_node.http import UvicornServer, create_app
 
             self._http = UvicornServer(create_app(self), cfg.http_host, cfg.http_port)
             self._http_task = asyncio.create_task(self._http.server.serve())
@@ -462,7 +462,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
         return engine, manifest
 
     async def _request_status(self, kind: str, record: EffectRequest) -> ModelStatus:
-        """What :func:`executor.core.decide` is told of the request's model: the store's answer
+        """What :func:`fx_node.admission.decide` is told of the request's model: the store's answer
         for the hash it names; ``ready`` for a kind served without a model (``handlers``) that
         names none, ``absent`` for one that names a model anyway (and for any other kind that
         names none: inference needs one)."""
@@ -545,7 +545,8 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
 
     async def _lease_renewer(self) -> None:
         """Keep the requests in flight alive: while one is accepted and not yet answered, its
-        ``accepted`` is written again each third of its lease (:func:`executor.core.renewal_due`),
+        ``accepted`` is written again each third of its lease
+        (:func:`fx_node.admission.renewal_due`),
         so a long request (an LLM generation on a busy node) is not written ``unknown`` by the
         holder while it still runs. A renewal the broker refuses is retried on the next round."""
         while True:
@@ -768,7 +769,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
     async def _wait_for_room(self, kind: str, record: EffectRequest) -> None:
         """Hold the read of ``record`` while ``kind``'s queue is full, up to
         ``backpressure_wait_s`` (and never past the request's own in-flight duplicate, its
-        stop, or the service's): then :func:`executor.core.decide` judges it as it is, which
+        stop, or the service's): then :func:`fx_node.admission.decide` judges it as it is, which
         answers ``backpressure`` only if the queue is still full. Requests behind it on the log
         wait unread, which is the log's own flow control."""
         limit = self.state.queue_limits.get(kind)
@@ -811,7 +812,7 @@ class ExecutorService(ProducerMixin, InputsMixin, AnswerMixin):
                              attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
         """Read ``.claims`` and ``.spec`` of ``workload_id`` (and the ``.eval`` of its shadow
         evaluation ``shadow``) up to their end offsets now, retried until it succeeds
-        (:func:`executor.sync.catch_up`): while it retries, this partition's request stays
+        (:func:`fx_node.sync.catch_up`): while it retries, this partition's request stays
         unsettled (never committed), so a restart reads it again."""
         await catch_up(self._sync_workload_inner, workload_id, shadow,
                        on_failure=self.metrics.sync_failures.inc, attempt_s=attempt_s,

@@ -56,7 +56,7 @@ from broker_schema.records import (
     InlineBody,
     ResponseRecord,
 )
-from executor.identity import verify_response
+from fx_node.identity import verify_response
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
@@ -256,8 +256,8 @@ def _output_json(resp: ResponseRecord) -> Any:
 def _check_request(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[str, Any],
                    request: EffectRequest | None, found: Resolved) -> None:
     from executor.engines.integer import request_params
-    from executor.errors import OutcomeError
     from fx_integer.engine import ParamError
+    from fx_node.errors import OutcomeError
 
     if request is None:
         check.reasons.append(f"no request at offset {resp.request_offset} of .out: the receipt "

@@ -366,7 +366,7 @@ async def the_integer_engine(bootstrap: str, work: Path) -> bool:
             ok &= isinstance(a.get("answer"), str)
     # the key is pinned out of band, as an operator who runs the node would: read from the
     # node's own key file, never from sys.facts (which anyone who can write it decides)
-    from executor.identity import NodeIdentity
+    from fx_node.identity import NodeIdentity
 
     node = NodeIdentity.load_or_create(work / "int-executor.key")
     key_hex = node.public_key.hex()

@@ -1,5 +1,5 @@
 """The lease holder process's HTTP surface (``fx workload run --http-port``): FastAPI, served by
-uvicorn inside the holder's event loop, as the executor's (``executor/http.py``; the two never
+uvicorn inside the holder's event loop, as the executor's (``fx_node/http.py``; the two never
 import each other, so the few lines of the server are repeated here).
 
 ``/healthz``: 200 while the holder's (or candidate's) task runs. ``/readyz``: 200 while this

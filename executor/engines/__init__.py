@@ -7,7 +7,7 @@ from a worker thread, with one or more concurrent requests for the same model. A
 - is named by ``name`` (the manifest's ``engine`` field selects it), reports ``version`` and
   ``device_class`` (``cpu`` or ``cuda``), which go into every response's ``executor`` field;
 - says how many requests it wants per call (``max_batch``; 1 means no batching);
-- raises :class:`executor.errors.EngineError` with a code (``input_invalid``, ``params_invalid``,
+- raises :class:`fx_node.errors.EngineError` with a code (``input_invalid``, ``params_invalid``,
   ``engine_error``) for one request's failure, and returns that error in that request's slot
   of a batch so the other requests still get their results;
 - applies the manifest's documented parameter defaults itself (a missing parameter means the
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
-from executor.errors import EngineError
+from fx_node.errors import EngineError
 
 if TYPE_CHECKING:
-    from executor.identity import NodeIdentity
     from executor.models import ModelManifest
+    from fx_node.identity import NodeIdentity
 
 __all__ = [
     "BUILTIN_ENGINES",
@@ -131,7 +131,7 @@ class Engine(Protocol):
 class KindHandler(Protocol):
     """Runs the requests of an effect kind that names no model (``ExecutorConfig.handlers``).
 
-    The same accepted/response/fencing rules as inference apply (:func:`executor.core.decide`
+    The same accepted/response/fencing rules as inference apply (:func:`fx_node.admission.decide`
     with ``model_status="ready"``); only what runs differs: no model store, no load, and the
     response's ``model_hash`` is null. ``run_batch`` is called from a worker thread with the
     request's kind and, per request, its params and input bytes; it returns one result or error

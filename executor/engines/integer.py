@@ -59,7 +59,6 @@ from broker_schema.canonical import hash_from_hex, hex_of_hash
 from broker_schema.records import ParityGateFact
 from broker_schema.signatures import SigningKey
 from executor.engines import EngineOptions, EngineResult
-from executor.errors import EngineError
 from executor.models import ModelManifest, ModelStore
 from executor.parity import gate_fact, log_gate, serving_backend
 from fx_integer import artifact as int_artifact
@@ -68,6 +67,7 @@ from fx_integer import parity_gate
 from fx_integer.artifact import ArtifactError
 from fx_integer.oracle import FixedPointOverflow
 from fx_integer.receipt import GENESIS, ReceiptSigner, receipt_context
+from fx_node.errors import EngineError
 
 __all__ = [
     "CHAIN_FORMAT",

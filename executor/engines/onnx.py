@@ -30,8 +30,8 @@ import onnxruntime as ort
 from pydantic import JsonValue
 
 from executor.engines import EngineOptions, EngineResult
-from executor.errors import EngineError
 from executor.models import ModelManifest
+from fx_node.errors import EngineError
 
 __all__ = ["OnnxEngine", "decode_audio", "magika_features"]
 

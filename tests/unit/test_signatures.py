@@ -20,7 +20,7 @@ from broker_schema import (
     encode_signed,
     signatures,
 )
-from executor.identity import NodeIdentity, verify_response
+from fx_node.identity import NodeIdentity, verify_response
 from tests.unit.executor.helpers import request
 from tests.unit.schema_strategies import responses
 

@@ -71,13 +71,13 @@ from executor.engines.integer import (  # noqa: E402
     import_artifact,
     request_params,
 )
-from executor.identity import NodeIdentity  # noqa: E402
 from fx_integer import _fixed as fx  # noqa: E402
 from fx_integer import _paths, artifact, receipt, sampling, verifier  # noqa: E402
 from fx_integer.engine import KIND, IntegerEngine  # noqa: E402
 from fx_integer.generation import to_host  # noqa: E402
 from fx_integer.oracle import KVCache, forward  # noqa: E402
 from fx_integer.tokenizer import pre_tokenize  # noqa: E402
+from fx_node.identity import NodeIdentity  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 #: TEST-ONLY keys: public seeds, in this repository for everyone to read. Never use them.

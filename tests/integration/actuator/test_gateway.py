@@ -25,7 +25,7 @@ from broker_schema import (
     encode,
     topics,
 )
-from executor.identity import verify_response
+from fx_node.identity import verify_response
 from tests.integration.actuator.harness import VALVE_KIND, VALVE_REGISTER, Gateway, gateway_config
 from tests.integration.executor.harness import by_effect, workload
 from workload_sdk._kafka_io import read_facts, read_topic

@@ -11,7 +11,7 @@ from pydantic import JsonValue
 
 from broker_schema import sha256_hex
 from executor.engines import EngineOptions, EngineResult
-from executor.errors import EngineError
+from fx_node.errors import EngineError
 
 DIGEST_KIND = "acme:digest/run@1.0.0"
 

@@ -13,8 +13,8 @@ from pydantic import JsonValue
 
 from executor.engines import EngineOptions, EngineResult
 from executor.engines.onnx import OnnxEngine
-from executor.errors import EngineError
 from executor.models import ModelManifest, ModelStore, ParamDoc, locate_package_model
+from fx_node.errors import EngineError
 
 
 class SlowEngine(OnnxEngine):

@@ -1,4 +1,4 @@
-"""The claims/spec catch-up (executor.sync.ClaimsSpecReader) on a real broker: every claim and
+"""The claims/spec catch-up (fx_node.sync.ClaimsSpecReader) on a real broker: every claim and
 spec written before a read is seen by it, a new workload is added without re-reading the others,
 and the side consumer is left with nothing to fetch between reads."""
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from broker_schema import INFERENCE_KIND, ExecutorInfo, encode, topics
-from executor.core import ExecutorState
-from executor.sync import ClaimsSpecReader
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.workload import ensure_shadow_topics, ensure_workload_topics
+from fx_node.admission import ExecutorState
+from fx_node.sync import ClaimsSpecReader
 from tests.unit.executor.helpers import claim, spec
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from broker_schema.records import (
     ResponseRecord,
 )
 from executor.chunks import FsChunkStore
-from executor.identity import verify_response
 from executor.models import ModelStore
+from fx_node.identity import verify_response
 from tests.integration.executor.harness import (
     REPO,
     by_effect,
@@ -44,8 +44,8 @@ async def test_magika_and_silero_answer_signed(
             speech_ref = await FsChunkStore(cfg.chunk_dir).put(speech, workload=wl.workload_id,
                                                                media_type="audio/wav")
             reqs = [
-                request(wl.workload_id, magika_hash, (REPO / "executor" / "core.py").read_bytes(),
-                        index=0),
+                request(wl.workload_id, magika_hash,
+                        (REPO / "fx_node" / "admission.py").read_bytes(), index=0),
                 request(wl.workload_id, magika_hash, tone_wav(), index=1),
                 request(wl.workload_id, silero_hash, speech_ref, index=2),
                 request(wl.workload_id, silero_hash, silence_wav(1.0), index=3),

@@ -25,12 +25,12 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from broker_schema import encode, topics
 from broker_schema.records import AcceptedRecord, InlineBody, InputRecord, StreamRef
-from executor.identity import verify_response
 from executor.models import ModelStore
 from executor.service import ExecutorService
 from fx_kafka.client import make_admin
 from fx_kafka.errors import FetchError, JavaNotFoundError
 from fx_kafka.local import LocalKafka, deploy_dir
+from fx_node.identity import verify_response
 from tests.integration.executor.harness import by_effect, executor_config, running, workload
 from tests.unit.executor.helpers import claim, request, spec
 

@@ -19,9 +19,9 @@ import pytest
 from broker_schema import record_hash, topics
 from broker_schema.records import AcceptedRecord, FactsRecord, InlineBody, ResponseRecord
 from executor.engines.integer import import_artifact
-from executor.identity import verify_response
 from executor.models import ModelManifest, ModelStore
 from fx_integer.receipt import GENESIS, receipt_hash
+from fx_node.identity import verify_response
 from tests.integration.executor.harness import (
     REPO,
     by_effect,
@@ -171,7 +171,7 @@ async def test_keys_with_a_history_on_a_real_broker(
     both keys' receipts, a forged ``sys.facts`` record changes nothing, and a revocation of the
     old key fails what it signed."""
     from broker_schema import encode
-    from executor.identity import NodeIdentity
+    from fx_node.identity import NodeIdentity
 
     store, manifest = int_store
     fleet_file = tmp_path / "fleet.pem"

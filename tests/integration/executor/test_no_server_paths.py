@@ -10,8 +10,8 @@ import pytest
 
 from broker_schema import sha256_hex
 from broker_schema.records import ChunkRef, ResponseRecord
-from executor.core import REDACTED_PATH
 from executor.models import ModelStore
+from fx_node.admission import REDACTED_PATH
 from tests.integration.executor.harness import by_effect, executor_config, running, workload
 from tests.unit.executor.helpers import request
 

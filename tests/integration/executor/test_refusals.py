@@ -10,8 +10,8 @@ import pytest
 
 from broker_schema import encode, topics
 from broker_schema.records import INFERENCE_KIND, AcceptedRecord, InlineBody, OutputRecord
-from executor.identity import verify_response
 from executor.models import ModelStore
+from fx_node.identity import verify_response
 from tests.integration.executor.harness import by_effect, executor_config, running, workload
 from tests.unit.executor.helpers import claim, request, silence_wav
 

@@ -10,8 +10,8 @@ import pytest
 
 from broker_schema import topics
 from broker_schema.records import AcceptedRecord, ResponseRecord
-from executor.identity import NodeIdentity, verify_response
 from executor.models import ModelStore
+from fx_node.identity import NodeIdentity, verify_response
 from tests.integration.executor.harness import Subprocess, by_effect, executor_config, workload
 from tests.integration.executor.slow_engine import import_slow_model
 from tests.unit.executor.helpers import request, silence_wav

@@ -38,12 +38,12 @@ from broker_schema import (
 )
 from broker_schema.records import InlineBody, InputRecord
 from broker_schema.signatures import SigningKey
-from executor.core import input_problem
 from fx_kafka.acl import Operation, PatternType, ResourceType, Roles, apply_acls, plan_acls
 from fx_kafka.client import make_admin, make_producer
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from fx_node.admission import input_problem
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._kafka_io import read_topic
 from workload_sdk._replay import compare_outputs

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker_schema import INFERENCE_KIND, ClaimRecord, EffectRequest, SpecRecord, decode
-from executor.core import ExecutorState
+from fx_node.admission import ExecutorState
 from tests.integration.workload_sdk.test_holder import MODULE, _answer_new, _decisions
 from workload_sdk import replay
 from workload_sdk._replay import compare_outputs

@@ -30,7 +30,7 @@ from broker_schema import (
     ShadowEvalRecord,
     SpecRecord,
 )
-from executor.core import Ignore, Refuse
+from fx_node.admission import Ignore, Refuse
 
 KIND = "acme:valve/set@1.0.0"
 WL = "tank-1"

@@ -10,7 +10,7 @@ import pytest
 from broker_schema.canonical import sha256_hex
 from broker_schema.records import ChunkRef
 from executor.chunks import FsChunkStore, check_chunk
-from executor.errors import OutcomeError
+from fx_node.errors import OutcomeError
 
 
 async def test_put_get_roundtrip(tmp_path: Path) -> None:

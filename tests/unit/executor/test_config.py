@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from broker_schema.records import INFERENCE_KIND
-from executor.config import ConfigError, ExecutorConfig, load_config
+from executor.config import ExecutorConfig, load_config
+from fx_node.settings import ConfigError
 
 
 def test_defaults_are_printable() -> None:

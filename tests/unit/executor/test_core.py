@@ -19,7 +19,7 @@ from broker_schema.records import (
     InlineBody,
 )
 from broker_schema.signatures import SigningKey, holder_signature
-from executor.core import (
+from fx_node.admission import (
     Admit,
     ExecutorState,
     Ignore,
@@ -374,8 +374,8 @@ def test_ok_response_built_without_revalidation_has_the_same_bytes() -> None:
     not, encodes to exactly the bytes of the same record built with validation."""
     from broker_schema import encode
     from broker_schema.records import InlineBody, ResponseRecord
-    from executor.core import ok_response
-    from executor.identity import NodeIdentity
+    from fx_node.admission import ok_response
+    from fx_node.identity import NodeIdentity
 
     st = state()
     d = run(st, request(WL, M1, b"\x00\xffbytes", epoch=2))

@@ -32,14 +32,14 @@ from executor.engines.integer import (
     IntegerEngineAdapter,
     import_artifact,
 )
-from executor.errors import EngineError
-from executor.identity import NodeIdentity
 from executor.models import ModelManifest, ModelStore
 from executor.verify_workload import WorkloadLog, artifact_resolver, render, verify_records
 from fx_integer import artifact
 from fx_integer.engine import DEFAULTS, IntegerEngine
 from fx_integer.receipt import GENESIS, receipt_hash
 from fx_integer.verifier import verify
+from fx_node.errors import EngineError
+from fx_node.identity import NodeIdentity
 from tests.unit.executor.helpers import request
 
 

@@ -15,8 +15,8 @@ from pydantic import JsonValue
 
 from executor.engines import Engine, EngineResult
 from executor.engines.onnx import OnnxEngine, magika_features
-from executor.errors import EngineError
 from executor.models import ModelManifest
+from fx_node.errors import EngineError
 from tests.unit.executor.helpers import silence_wav, speech_wav, tone_wav, wav_bytes
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,7 +36,7 @@ def test_is_an_engine(onnx_engine: OnnxEngine) -> None:
 def test_features_match_magika_own_extraction(magika: ModelManifest) -> None:
     from magika import Magika
 
-    data = b"  \n\t" + (REPO / "executor" / "core.py").read_bytes() + b"\n\n   "
+    data = b"  \n\t" + (REPO / "fx_node" / "admission.py").read_bytes() + b"\n\n   "
     ours = magika_features(data, magika.config)
     import io
 
@@ -53,7 +53,7 @@ def test_features_match_magika_own_extraction(magika: ModelManifest) -> None:
 
 
 def test_magika_labels_real_files(onnx_engine: OnnxEngine, magika: ModelManifest) -> None:
-    py = (REPO / "executor" / "core.py").read_bytes()
+    py = (REPO / "fx_node" / "admission.py").read_bytes()
     js = json.dumps({"a": [1, 2, 3], "b": {"c": "d"}} | {f"k{i}": i for i in range(50)}).encode()
     results = onnx_engine.run_batch(magika.hash, [({}, py), ({}, tone_wav()), ({"top_k": 5}, js)])
     labels = [out(r)["label"] for r in results]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from broker_schema import decode, encode
 from broker_schema.records import INFERENCE_KIND, FactsRecord
-from executor.facts import build_facts, facts_changed
-from executor.identity import NodeIdentity
+from fx_node.facts import build_facts, facts_changed
+from fx_node.identity import NodeIdentity
 
 
 def test_facts_roundtrip_and_change_detection() -> None:

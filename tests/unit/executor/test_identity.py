@@ -11,7 +11,7 @@ import pytest
 
 from broker_schema import decode, encode
 from broker_schema.records import ExecutorInfo, InlineBody, ResponseRecord, Timing
-from executor.identity import NodeIdentity, verify_response
+from fx_node.identity import NodeIdentity, verify_response
 from tests.unit.executor.helpers import request
 
 

@@ -1,6 +1,7 @@
-"""What an input reference may name: the pure decision (:func:`executor.core.input_problem`), its
-place among the refusals of :func:`executor.core.decide`, the spec's ``input_topics`` grant, and
-whose chunks a request may name (:func:`executor.core.chunk_problem`, ``chunks_from``)."""
+"""What an input reference may name: the pure decision
+(:func:`fx_node.admission.input_problem`), its place among the refusals of
+:func:`fx_node.admission.decide`, the spec's ``input_topics`` grant, and whose chunks a request
+may name (:func:`fx_node.admission.chunk_problem`, ``chunks_from``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from broker_schema.records import (
     SpecRecord,
     StreamRef,
 )
-from executor.core import (
+from fx_node.admission import (
     Admit,
     ExecutorState,
     Refuse,
@@ -26,7 +27,7 @@ from executor.core import (
     decide,
     input_problem,
 )
-from executor.errors import OutcomeError
+from fx_node.errors import OutcomeError
 from tests.unit.executor.helpers import MODULE_HASH, claim, request, spec
 
 WL = "cam-1"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.errors import ModelError
 from executor.models import ModelStore, file_sha256, locate_package_model
+from fx_node.errors import ModelError
 
 
 def test_import_names_the_file_by_its_sha256(fresh_store: ModelStore) -> None:

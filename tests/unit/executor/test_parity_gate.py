@@ -19,15 +19,15 @@ from broker_schema.records import AcceleratorDevice, FactsRecord, ParityGateFact
 from executor import accelerators
 from executor.engines import EngineOptions, EngineResult
 from executor.engines.integer import IntegerEngineAdapter, import_artifact
-from executor.errors import EngineError
-from executor.facts import build_facts
-from executor.identity import NodeIdentity
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest, ModelStore
 from executor.parity import gate_fact, serving_backend
 from fx_integer import cpu_kernel, parity_gate
 from fx_integer.engine import IntegerEngine
 from fx_integer.verifier import verify
+from fx_node.errors import EngineError
+from fx_node.facts import build_facts
+from fx_node.identity import NodeIdentity
 from tests.unit.integer.real_model import real_artifact
 
 PROMPT: dict[str, JsonValue] = {"prompt": "The capital of France is", "max_tokens": 3}

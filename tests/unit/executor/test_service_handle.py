@@ -1,6 +1,6 @@
 """The service's record handling without a broker: a fake producer, no claims/spec reads.
 
-What is tested here is the glue around :func:`executor.core.decide` that the pure core cannot
+What is tested here is the glue around :func:`fx_node.admission.decide` that the pure core cannot
 see: when an offset is settled (may be committed), and that a damaged model store or an engine
 that cannot load a model yields a recorded error instead of stopping the service.
 """
@@ -20,10 +20,10 @@ from aiokafka import TopicPartition
 from broker_schema import decode, encode, topics
 from broker_schema.records import INFERENCE_KIND, InlineBody, OutputRecord, ResponseRecord
 from executor.config import load_config
-from executor.errors import EngineError
-from executor.identity import NodeIdentity
 from executor.models import ModelStore, file_sha256
 from executor.service import ExecutorService
+from fx_node.errors import EngineError
+from fx_node.identity import NodeIdentity
 from tests.unit.executor.helpers import claim, request, spec
 
 WL = "svc1"
@@ -214,7 +214,7 @@ async def test_engine_that_cannot_load_gives_engine_error(tmp_path: Path) -> Non
 async def test_unreadable_chunk_is_input_missing_not_a_worker_crash(tmp_path: Path) -> None:
     from broker_schema.canonical import sha256_hex
     from broker_schema.records import ChunkRef
-    from executor.errors import OutcomeError
+    from fx_node.errors import OutcomeError
 
     svc, _ = await _service(tmp_path)
     ref = ChunkRef(hash=sha256_hex(b"x" * 10), size=10)

@@ -36,7 +36,15 @@ from pydantic import ValidationError
 import broker_schema as bs
 from broker_schema.records import ErrorCode, PassOverReason
 from broker_schema.refs import ref_problem
-from executor.core import Admit, ExecutorState, Ignore, Refuse, decide, error_response, ok_response
+from fx_node.admission import (
+    Admit,
+    ExecutorState,
+    Ignore,
+    Refuse,
+    decide,
+    error_response,
+    ok_response,
+)
 from tests.unit.schema_strategies import records as valid_records
 from workload_sdk import EffectResult, InputEvent, Output, State, Workload, emit, infer
 from workload_sdk._core import (

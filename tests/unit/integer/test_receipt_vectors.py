@@ -694,10 +694,10 @@ def test_reexecution_reproduces_every_byte(k: int, vectors: list[dict[str, Any]]
     from broker_schema import decode, encode
     from broker_schema.records import EffectRequest
     from executor.engines.integer import default_params, request_params
-    from executor.identity import NodeIdentity
     from fx_integer import receipt
     from fx_integer.engine import IntegerEngine
     from fx_integer.receipt import ReceiptSigner, receipt_context
+    from fx_node.identity import NodeIdentity
 
     make = _make_module()
     v = vectors[k]

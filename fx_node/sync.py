@@ -3,7 +3,7 @@ before deciding on one of its requests: the state fencing rests on. One reader f
 and the actuator gateway.
 
 :class:`ClaimsSpecReader` reads the topics up to their end offsets at the time of the call into
-an :class:`~executor.core.ExecutorState` (one end-offset look-up when nothing is new);
+an :class:`~fx_node.admission.ExecutorState` (one end-offset look-up when nothing is new);
 :func:`catch_up` retries a read that fails (a broker error, a read that does not reach the end
 in ``attempt_s``) with backoff until it succeeds:
 deciding on a stale spec or epoch would be a guessed outcome, so a request waits, unsettled,
@@ -29,8 +29,8 @@ from broker_schema.records import (
     ShadowReportRecord,
     SpecRecord,
 )
-from executor.core import ExecutorState
 from fx_kafka.client import check_authorized
+from fx_node.admission import ExecutorState
 
 __all__ = ["ClaimsSpecReader", "catch_up"]
 

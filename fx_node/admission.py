@@ -1,9 +1,10 @@
-"""The executor's pure core: what to do with each record, and which records to write.
+"""The admission rules of a node (the executor's, and under the actuator gateway's own,
+:func:`actuator.core.decide`): what to do with each record, and which records to write.
 
 No I/O and no clock reads happen here: the service passes the time in (``now_ms`` for decisions,
 ``now_us`` for the people-only timing fields) and writes whatever records come back. That keeps
 every fencing, deadline and backpressure rule testable without a broker, and the aiokafka loop in
-:mod:`executor.service` short.
+:mod:`fx_node.shell` short.
 
 The rules, in the order they are checked for an effect request on ``wl.<id>.out``
 (each refusal is one ``response`` record with outcome ``error`` and no ``accepted`` before it):

@@ -1,4 +1,4 @@
-"""Errors the executor turns into ``error`` outcomes.
+"""Errors a node (the executor, the actuator gateway) turns into ``error`` outcomes.
 
 Every failure that can reach a response carries an :data:`~broker_schema.ErrorCode` from the wire
 contract's closed set; retriability is data (:data:`broker_schema.ERROR_RETRIABLE`), not a class
