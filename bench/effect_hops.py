@@ -67,6 +67,7 @@ from executor.service import ExecutorService  # noqa: E402
 from fx_kafka.client import make_consumer, make_producer  # noqa: E402
 from fx_kafka.testing import broker_for_tests  # noqa: E402
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics  # noqa: E402
+from fx_node.shell import NodeShell  # noqa: E402
 from workload_sdk import (  # noqa: E402
     EffectResult,
     HolderConfig,
@@ -98,8 +99,8 @@ class TimingPoints:
 
     def install(self) -> None:
         points = self
-        write, handle = LeaseHolder._write, ExecutorService._handle
-        sync = ExecutorService._sync_workload
+        write, handle = LeaseHolder._write, NodeShell.handle
+        sync = NodeShell.sync_workload
 
         async def timed_write(holder: Any, items: Any) -> Any:
             metas = await write(holder, items)
@@ -122,8 +123,8 @@ class TimingPoints:
                 points.catch_up_ms.append((time.perf_counter() - t0) * 1000)
 
         for cls, name, fn in ((LeaseHolder, "_write", timed_write),
-                              (ExecutorService, "_handle", timed_handle),
-                              (ExecutorService, "_sync_workload", timed_sync)):
+                              (NodeShell, "handle", timed_handle),
+                              (NodeShell, "sync_workload", timed_sync)):
             self._saved.append((cls, name, getattr(cls, name)))
             setattr(cls, name, fn)
 
@@ -195,7 +196,7 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     tensor = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}
     try:
         await asyncio.wait_for(holder.ready.wait(), 60)
-        while not all(c.assignment() for c in service._consumers.values()):
+        while not all(c.assignment() for c in service.node.consumers.values()):
             await asyncio.sleep(0.05)
         for i in range(n + 1):  # the first one warms up (model cost unknown: a worker runs it)
             before = len(holder.stats.roundtrips_ms)

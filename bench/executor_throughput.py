@@ -146,7 +146,7 @@ class Bench:
             await producer.send_and_wait(topics.claims(wid), encode(ClaimRecord(
                 workload_id=wid, epoch=1, holder_id="bench", spec_hash="sha256:" + "0" * 64,
                 spec_offset=0)))
-            while not all(c.assignment() for c in service._consumers.values()):
+            while not all(c.assignment() for c in service.node.consumers.values()):
                 await asyncio.sleep(0.05)
             tp = TopicPartition(topics.resp(wid), 0)
             resp_consumer.assign([tp])

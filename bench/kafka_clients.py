@@ -58,7 +58,7 @@ from aiokafka.errors import KafkaError  # noqa: E402
 from fx_kafka.client import FRAME_CAP_BYTES, create_topics, make_consumer, make_producer  # noqa: E402
 from fx_kafka.testing import broker_for_tests  # noqa: E402
 
-#: the executor's producer batch (executor/producing.py PRODUCER_BATCH_BYTES)
+#: the executor's producer batch (fx_node/producer.py PRODUCER_BATCH_BYTES)
 BATCH_BYTES = 1 << 20
 SIZES = {"1KB": 1000, "3KB": 3000}
 

@@ -1,7 +1,19 @@
-"""Running models and writing responses: the workers (batches from the scheduler, an engine
-in the pool or, for a µs-scale model, on the event loop), the answer of a request read
-with a µs-scale model right in the consumer loop, and the signed responses put on the
-producer in bulk."""
+"""Running models and writing responses (:class:`Answerer`): the workers (batches from the
+scheduler, an engine in the thread pool or, for a µs-scale model, on the event loop), the answer
+of a request read with a µs-scale model right in the consumer loop, and the signed responses put
+on the producer in bulk.
+
+A request with an inline input for a loaded model that runs in microseconds (its last run cost
+under :data:`executor.engine_pool.INLINE_RUN_S`) skips the queue: the model runs in the consumer
+loop and the response is put on the producer right behind the ``accepted``, so both go in one
+produce request (inference acts on nothing, so the model need not wait for the ``accepted`` ack;
+the request is settled only once both are acknowledged). Every other job goes to the scheduler,
+which hands batches of jobs for one model to a worker; the engine runs in a thread pool, so the
+event loop (and the consumer's heartbeat) never waits on it.
+
+The signed response is written (acks=all; the responses of a batch are put on the producer
+together and their acks awaited together); only then is the request's offset settled.
+"""
 
 from __future__ import annotations
 
@@ -11,206 +23,176 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pydantic import ValidationError
 
 from broker_schema import topics
 from broker_schema.codec import record_hash
-from broker_schema.records import (
-    ExecutorInfo,
-    InlineBody,
-    ResponseRecord,
-)
+from broker_schema.records import ExecutorInfo, InlineBody, ResponseRecord
+from executor.config import ExecutorConfig
+from executor.engine_pool import EnginePool
 from executor.engines import Engine, EngineResult, KindHandler
+from executor.inputs import InputReader
 from executor.ledger import LedgerWriter
+from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest
-from executor.scheduler import HANDLER_KEY, Job
+from executor.scheduler import HANDLER_KEY, Job, Scheduler
 from fx_node.admission import (
+    ExecutorState,
     InFlight,
     OffsetTracker,
     error_response,
     ok_response,
 )
-from fx_node.errors import EngineError, ModelError, OutcomeError
+from fx_node.errors import EngineError, OutcomeError
+from fx_node.shell import NodeShell
 
-if TYPE_CHECKING:
-    from executor.service import ExecutorService
+__all__ = ["Answerer", "now_us"]
 
 log = logging.getLogger("executor.service")
 
-
-#: A model batch whose last run cost less than this runs on the event loop (no thread hop);
-#: the hop alone costs about 100 µs of CPU.
-_INLINE_RUN_S = 0.0005
-
 #: How many batches one worker has in the engine pool at once: the one running and the next,
-#: queued behind it (see ``_worker``).
+#: queued behind it (see ``worker``).
 _PIPELINE = 2
 
-#: How many recent runs of a model its cost is judged on (see ``_runs_inline``).
-_COST_RUNS = 8
+_Sent = tuple[Job, str, bytes, ResponseRecord, asyncio.Future[Any] | None, int]
 
 
-def _now_us() -> int:
+def now_us() -> int:
+    """Microseconds since the epoch."""
     return time.time_ns() // 1000
 
 
-class AnswerMixin:
-    """The model-running and answering methods of :class:`executor.service.ExecutorService`."""
+class Answerer:
+    """Runs the jobs of ``scheduler`` on ``engines`` (in ``threads``, or on the event loop) and
+    writes their responses through ``node``'s producer."""
 
-    def _already_loaded(self: ExecutorService, model_hash: str, *,
-                        file_checked: bool = False) -> tuple[Engine, ModelManifest] | None:
-        """What :meth:`_ensure_loaded` returns, when that needs no I/O beyond a stat (the
-        model is loaded and its file is unchanged since it was hashed); else None. Runs on
-        the event loop, so a loaded model costs no thread hand-off per batch.
-        ``file_checked``: the store's checks were made for this request a moment ago (in the
-        same step of the event loop), so the cached manifest is used without a stat."""
-        manifest = self.store.manifest(model_hash, stat=not file_checked)
-        with self._engines_lock:
-            engine = self._engines.get(manifest.engine)
-        if engine is None or model_hash not in engine.loaded():
-            return None
-        if not file_checked and (self.store.needs_hashing(model_hash)
-                                 or self.store.status(model_hash) != "ready"):
-            return None
-        return engine, manifest
+    def __init__(self, config: ExecutorConfig, node: NodeShell, state: ExecutorState,
+                 engines: EnginePool, inputs: InputReader, scheduler: Scheduler,
+                 metrics: ExecutorMetrics) -> None:
+        self.config = config
+        self.node = node
+        self.state = state
+        self.producer = node.producer
+        self.identity = node.identity
+        self.engines = engines
+        self.inputs = inputs
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.threads = ThreadPoolExecutor(max_workers=config.workers,
+                                          thread_name_prefix="fx-engine")
+        #: the workers' engine batches being awaited (``_finish_run``)
+        self.run_waits: set[asyncio.Task[Any]] = set()
+        #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt
+        self._ledger: LedgerWriter | None = None
+        self._facts_pending = False
+        #: requests answered in the consumer loop, waiting for their acks (_settle_answered)
+        self._settle_queue: deque[_Sent] = deque()
+        self._settler: asyncio.Future[Any] | None = None
 
-    def _executor_info(self: ExecutorService, engine: Engine | KindHandler,
-                       model_hash: str | None = None) -> ExecutorInfo:
-        """The ``executor`` field of the responses ``engine`` answers for ``model_hash`` (built
-        once per engine and device class). An engine may serve one model on another device than
-        its own (the integer engine after a parity gate fallback serves on the CPU oracle): it
-        says so through ``device_class_of``."""
-        device = engine.device_class
-        device_of = getattr(engine, "device_class_of", None)
-        if device_of is not None and model_hash is not None:
-            device = device_of(model_hash)
-        key = (engine.name, engine.version, device)
-        info = self._infos.get(key)
-        if info is None:
-            info = self._infos[key] = ExecutorInfo(
-                node_id=self.config.node_id, engine=engine.name, engine_version=engine.version,
-                device_class=device)
-        return info
+    async def accepted_written(self, j: Job) -> None:
+        """Wait for ``j``'s ``accepted`` to be acknowledged (written again if the broker lost
+        it)."""
+        await self.producer.written(j.accepted_ack, j.accepted_gen, j.accepted)
 
-    def _runs_inline(self: ExecutorService, engine: Engine | KindHandler, model_hash: str | None,
-                     n: int = 1) -> bool:
-        """Whether a batch of ``n`` for ``model_hash`` runs on the event loop rather than in
-        the engine pool: a model (never a kind handler, never an engine that binds request
-        context) whose recent runs cost under ``_INLINE_RUN_S`` per batch. The cost is the
-        least of the last ``_COST_RUNS`` runs' wall time per request (a run in the pool is
-        timed with its waits for the GIL and the CPU, which the least of several filters out).
-        The first run of a model always goes to the pool (its cost is unknown)."""
-        if model_hash is None or getattr(engine, "binds_request_context", False):
-            return False
-        costs = self._run_cost.get(model_hash)
-        return costs is not None and len(costs) > 0 and min(costs) * n < _INLINE_RUN_S
-
-    def _note_run_cost(self: ExecutorService, model_hash: str | None, per_item_s: float) -> None:
-        if model_hash is not None:
-            self._run_cost.setdefault(model_hash, deque(maxlen=_COST_RUNS)).append(per_item_s)
-
-    async def _answer_now(self: ExecutorService, j: Job) -> bool:
+    # ------------------------------------------------------------------------------ fast path
+    async def answer_now(self, j: Job) -> bool:
         """Answer an admitted request here, in the consumer loop, when that is the shortest
         way: an inline (or no) input, a loaded model that runs in microseconds
-        (:meth:`_runs_inline`) and none of its jobs queued ahead. The model runs, and the
-        response is put on the producer right behind the request's ``accepted``, before the
+        (:meth:`EnginePool.runs_inline`) and none of its jobs queued ahead. The model runs, and
+        the response is put on the producer right behind the request's ``accepted``, before the
         producer sends: both go in one produce request, one broker round trip instead of two.
         (Inference acts on nothing, so the model need not wait for ``accepted`` to be
         acknowledged; the response is settled only after it.) False: not answerable here."""
         request = j.job.request
         body = request.input
-        if (request.model is None or j.kind in self._handlers
+        if (request.model is None or j.kind in self.engines.handlers
                 or not (body is None or isinstance(body, InlineBody))):
             return False
         try:
-            # the store's file checks were made for this very request by _request_status
-            loaded = self._already_loaded(j.model_hash, file_checked=True)
+            # the store's file checks were made for this very request by request_status
+            loaded = self.engines.already_loaded(j.model_hash, file_checked=True)
         except OutcomeError:
             return False
-        if loaded is None or not self._runs_inline(loaded[0], j.model_hash):
+        if loaded is None or not self.engines.runs_inline(loaded[0], j.model_hash):
             return False
         engine, manifest = loaded
         j.data = b"" if body is None else body.raw()
         self.metrics.queue_seconds.labels(j.kind).observe(time.monotonic() - j.read_mono)
-        started_us = _now_us()
+        started_us = now_us()
         run_t0 = time.perf_counter()
         result: EngineResult | OutcomeError
         try:
             result = engine.run_batch(j.model_hash, [(request.params, j.data)])[0]
         except Exception as exc:  # an engine bug: this request gets the error
             result = EngineError("engine_error", f"{type(exc).__name__}: {exc}")
-        self._note_run_cost(j.model_hash, time.perf_counter() - run_t0)
-        finished_us = _now_us()
+        self.engines.note_run_cost(j.model_hash, time.perf_counter() - run_t0)
+        finished_us = now_us()
         self.metrics.batch_size.labels(j.model_hash).observe(1)
         self.metrics.exec_count.labels(j.model_hash).inc()
         receipt_base: dict[str, Any] = {
-            "batch_size": 1, "manifest_hash": self.store.manifest_hash(j.model_hash, stat=False),
+            "batch_size": 1,
+            "manifest_hash": self.engines.store.manifest_hash(j.model_hash, stat=False),
             "preprocessing_version": manifest.preprocessing_version}
         prepared = await self._prepare_answer(
-            j.job, self._executor_info(engine, j.model_hash), j.model_hash, result,
+            j.job, self.engines.executor_info(engine, j.model_hash), j.model_hash, result,
             started_us=started_us, finished_us=finished_us, receipt_base=receipt_base)
         if prepared is None:
             return True
         topic, value, response = prepared
-        gen = self._producer_gen
-        fut = await self._enqueue(topic, value, j.job.effect_id.encode())
+        gen = self.producer.gen
+        fut = await self.producer.enqueue(topic, value, j.job.effect_id.encode())
         self._settle_queue.append((j, topic, value, response, fut, gen))
         if self._settler is None or self._settler.done():
-            self._settler = self._spawn(self._settle_answered())
+            self._settler = self.node.spawn(self._settle_answered())
         return True
 
-    async def _settle_answered(self: ExecutorService) -> None:
-        """Settle the requests :meth:`_answer_now` answered, in order: their ``accepted`` and
+    async def _settle_answered(self) -> None:
+        """Settle the requests :meth:`answer_now` answered, in order: their ``accepted`` and
         response acknowledged (or written again), then their offsets. One task for a burst."""
         while self._settle_queue:
             j, topic, value, response, fut, gen = self._settle_queue.popleft()
-            await self._accepted_written(j)
-            await self._settle("response", topic, value, j.job.effect_id.encode(), fut, gen)
+            await self.accepted_written(j)
+            await self.producer.settle("response", topic, value, j.job.effect_id.encode(), fut,
+                                       gen)
             self._answered(j.job, response, kind=j.kind, tp=j.tp, tracker=j.tracker,
                            read_mono=j.read_mono)
 
-    def _batch_limit(self: ExecutorService, model_hash: str) -> int:
-        handler = self._handlers.get(model_hash.removeprefix(HANDLER_KEY))
-        if handler is not None:
-            return max(1, min(self.config.max_batch, handler.max_batch))
-        try:
-            engine = self._engine_for(self.store.manifest(model_hash))
-        except ModelError:
-            return 1
-        return max(1, min(self.config.max_batch, engine.max_batch))
-
-    async def _worker(self: ExecutorService) -> None:
+    # ------------------------------------------------------------------------------ workers
+    async def worker(self) -> None:
+        """One worker: batches from the scheduler, run and answered, until cancelled."""
         loop = asyncio.get_running_loop()
         pipeline: deque[asyncio.Future[Any]] = deque()  # this worker's runs in the pool
         while True:
-            model_hash, jobs = await self._scheduler.take(self._batch_limit)
+            model_hash, jobs = await self.scheduler.take(self.engines.batch_limit)
             for j in jobs:
-                await self._accepted_written(j)  # acknowledged before the model runs
-            # inputs were read before the job was queued (``_fetch_input``): nothing here waits
-            # on the broker for one request while others queue behind it
+                await self.accepted_written(j)  # acknowledged before the model runs
+            # inputs were read before the job was queued (the runner's fetch): nothing here
+            # waits on the broker for one request while others queue behind it
             ready: list[tuple[Job, bytes]] = [(j, j.data) for j in jobs]
-            handler = self._handlers.get(model_hash.removeprefix(HANDLER_KEY))
+            handler = self.engines.handlers.get(model_hash.removeprefix(HANDLER_KEY))
             engine: Engine | KindHandler
             manifest: ModelManifest | None = None
             if handler is not None:  # a kind without a model: no store, no load
                 engine, target, answered_hash = handler, jobs[0].kind, None
             else:
                 try:
-                    loaded = self._already_loaded(model_hash)
+                    loaded = self.engines.already_loaded(model_hash)
                     if loaded is None:  # a load reads and hashes the file: off the loop
                         loaded = await loop.run_in_executor(
-                            self._pool, self._ensure_loaded, model_hash)
+                            self.threads, self.engines.ensure_loaded, model_hash)
                     engine, manifest = loaded
                 except OutcomeError as exc:
                     for j, _ in ready:
-                        self._answer_job(j, self.state.refusal_executor, None, exc)
-                    self._spawn(self._publish_facts())  # a refusal (parity gate) is a fact
+                        self.answer_job(j, self.state.refusal_executor, None, exc)
+                    # a refusal (parity gate) is a fact
+                    self.node.spawn(self.node.publish_facts())
                     continue
                 target, answered_hash = model_hash, model_hash
                 self._facts_if_changed()
-            info = self._executor_info(engine, answered_hash)
+            info = self.engines.executor_info(engine, answered_hash)
             items = [(j.job.request.params, data) for j, data in ready]
             now = time.monotonic()
             for j, _ in ready:
@@ -221,7 +203,7 @@ class AnswerMixin:
                 run_batch = functools.partial(run_batch, contexts=[
                     _request_context(j.job) for j, _ in ready])
             run: asyncio.Future[Any]
-            if self._runs_inline(engine, answered_hash, len(items)):
+            if self.engines.runs_inline(engine, answered_hash, len(items)):
                 # a µs-scale model: a thread hop would cost more than the run
                 run = loop.create_future()
                 try:
@@ -229,24 +211,24 @@ class AnswerMixin:
                 except Exception as exc:
                     run.set_exception(exc)
             else:
-                run = loop.run_in_executor(self._pool, _timed, run_batch, target, items)
+                run = loop.run_in_executor(self.threads, _timed, run_batch, target, items)
             # answered in its own task: while this batch runs the worker forms the next one and
             # queues it in the pool behind it, so the engine thread goes from one batch to the
             # next without waiting for the event loop (which is busy with the broker, decoding
             # and signing meanwhile); at most _PIPELINE batches of a worker are in the pool
-            # (not a _spawn'ed task: stop() cancels it with the workers, so a batch still
-            # running at shutdown is answered ``shutdown``, as when the worker awaited it)
+            # (not a spawned task: the runner's drain cancels it with the workers, so a batch
+            # still running at shutdown is answered ``shutdown``, as when the worker awaited it)
             waiting = asyncio.create_task(self._finish_run(
                 run, ready, items, info, model_hash, answered_hash, manifest))
-            self._run_waits.add(waiting)
-            waiting.add_done_callback(self._run_waits.discard)
+            self.run_waits.add(waiting)
+            waiting.add_done_callback(self.run_waits.discard)
             pipeline.append(run)
             while len(pipeline) >= _PIPELINE or (pipeline and pipeline[0].done()):
                 await asyncio.wait([pipeline[0]])
                 pipeline.popleft()
 
     async def _finish_run(
-        self: ExecutorService,
+        self,
         run: asyncio.Future[Any],
         ready: list[tuple[Job, bytes]],
         items: list[Any],
@@ -255,14 +237,14 @@ class AnswerMixin:
         answered_hash: str | None,
         manifest: ModelManifest | None,
     ) -> None:
-        """Await one engine batch that :meth:`_worker` started, then answer its requests (in a
+        """Await one engine batch that :meth:`worker` started, then answer its requests (in a
         tracked task: once the results are there, a shutdown never drops them half-sent)."""
         try:
             results, run_s, started_us, finished_us = await run
-            self._note_run_cost(answered_hash, run_s / len(items))
+            self.engines.note_run_cost(answered_hash, run_s / len(items))
         except Exception as exc:  # an engine bug: every request in the batch gets the error
             results = [EngineError("engine_error", f"{type(exc).__name__}: {exc}")] * len(items)
-            run_s, started_us, finished_us = 0.0, _now_us(), _now_us()
+            run_s, started_us, finished_us = 0.0, now_us(), now_us()
         finally:
             self.metrics.inflight.dec(len(items))
         self.metrics.compute_seconds.labels(model_hash).observe(run_s)
@@ -270,15 +252,36 @@ class AnswerMixin:
         self.metrics.exec_count.labels(model_hash).inc()
         receipt_base: dict[str, Any] = {"batch_size": len(items)}
         if manifest is not None:
-            receipt_base.update(manifest_hash=self.store.manifest_hash(model_hash, stat=False),
-                                preprocessing_version=manifest.preprocessing_version)
-        self._spawn(self._answer_batch(
+            receipt_base.update(
+                manifest_hash=self.engines.store.manifest_hash(model_hash, stat=False),
+                preprocessing_version=manifest.preprocessing_version)
+        self.node.spawn(self._answer_batch(
             [(j, result) for (j, _), result in zip(ready, results, strict=True)],
             info, answered_hash, started_us=started_us, finished_us=finished_us,
             receipt_base=receipt_base))
 
-    def _answer_job(
-        self: ExecutorService,
+    def _facts_if_changed(self) -> None:
+        """Publish facts when the loaded models differ from the last published (a model was
+        just loaded): not once per batch. What else changes (a file added to the store) is
+        published by the facts ticker."""
+        if self._facts_pending:
+            return
+        facts = self.node.facts
+        if facts is not None and set(facts.models_loaded) == self.engines.loaded_models():
+            return
+        self._facts_pending = True
+
+        async def publish() -> None:
+            try:
+                await self.node.publish_facts()
+            finally:
+                self._facts_pending = False
+
+        self.node.spawn(publish())
+
+    # ------------------------------------------------------------------------------ answers
+    def answer_job(
+        self,
         j: Job,
         info: ExecutorInfo,
         model_hash: str | None,
@@ -288,17 +291,18 @@ class AnswerMixin:
         finished_us: int | None = None,
         receipt_base: dict[str, Any] | None = None,
     ) -> None:
+        """Answer ``j`` with ``result`` in a tracked task."""
         # A tracked task, not awaited: the worker goes on to the next batch while the producer
         # waits for acks, and cancelling a worker at shutdown never drops a response half-sent
         # (stop() awaits every tracked task).
-        self._spawn(self._answer(
+        self.node.spawn(self.answer(
             j.job, info, model_hash, result, kind=j.kind, tp=j.tp, tracker=j.tracker,
             read_mono=j.read_mono, started_us=started_us, finished_us=finished_us,
             receipt_base=receipt_base,
         ))
 
-    async def _answer(
-        self: ExecutorService,
+    async def answer(
+        self,
         job: InFlight,
         info: ExecutorInfo,
         model_hash: str | None,
@@ -312,17 +316,18 @@ class AnswerMixin:
         finished_us: int | None = None,
         receipt_base: dict[str, Any] | None = None,
     ) -> None:
+        """Sign and write ``job``'s response (acks=all), then settle its offset."""
         prepared = await self._prepare_answer(
             job, info, model_hash, result, started_us=started_us, finished_us=finished_us,
             receipt_base=receipt_base)
         if prepared is None:
             return
         topic, value, response = prepared
-        await self._produce("response", topic, value, job.effect_id.encode())
+        await self.producer.produce("response", topic, value, job.effect_id.encode())
         self._answered(job, response, kind=kind, tp=tp, tracker=tracker, read_mono=read_mono)
 
     async def _answer_batch(
-        self: ExecutorService,
+        self,
         entries: list[tuple[Job, EngineResult | OutcomeError]],
         info: ExecutorInfo,
         model_hash: str | None,
@@ -334,8 +339,8 @@ class AnswerMixin:
         """Answer one engine batch: every response is put on the producer first, then their
         acknowledgements are awaited, so one produce request carries them all (not one awaited
         send per record). A response whose send fails for want of a broker is sent again
-        through :meth:`_produce`."""
-        sent: list[tuple[Job, str, bytes, ResponseRecord, asyncio.Future[Any] | None, int]] = []
+        through :meth:`fx_node.producer.ResilientProducer.produce`."""
+        sent: list[_Sent] = []
         for j, result in entries:
             prepared = await self._prepare_answer(
                 j.job, info, model_hash, result, started_us=started_us,
@@ -343,16 +348,17 @@ class AnswerMixin:
             if prepared is None:
                 continue
             topic, value, response = prepared
-            gen = self._producer_gen
-            fut = await self._enqueue(topic, value, j.job.effect_id.encode())
+            gen = self.producer.gen
+            fut = await self.producer.enqueue(topic, value, j.job.effect_id.encode())
             sent.append((j, topic, value, response, fut, gen))
         for j, topic, value, response, fut, gen in sent:
-            await self._settle("response", topic, value, j.job.effect_id.encode(), fut, gen)
+            await self.producer.settle("response", topic, value, j.job.effect_id.encode(), fut,
+                                       gen)
             self._answered(j.job, response, kind=j.kind, tp=j.tp, tracker=j.tracker,
                            read_mono=j.read_mono)
 
     async def _prepare_answer(
-        self: ExecutorService,
+        self,
         job: InFlight,
         info: ExecutorInfo,
         model_hash: str | None,
@@ -373,27 +379,28 @@ class AnswerMixin:
             await self._log_receipt(signed_receipt)
         # Leaving the in-flight table first claims the right to answer: a job answered by
         # shutdown is not answered again when its engine call returns.
-        if self.state.finish(job.effect_id) is None:
+        state = self.state
+        if state.finish(job.effect_id) is None:
             return None
         if isinstance(result, OutcomeError):
             response = error_response(
-                self.state, job, code=result.code, message=result.message,
+                state, job, code=result.code, message=result.message,
                 model_hash=model_hash, executor=info, started_us=started_us,
                 finished_us=finished_us,
             )
         else:
             try:
-                body = await self._output_body(result, job.request.header.workload_id)
+                body = await self.inputs.output_body(result, job.request.header.workload_id)
                 receipt = {**(receipt_base or {}), **(result.receipt or {})}
                 response = ok_response(
-                    self.state, job, output=body, model_hash=model_hash, executor=info,
-                    started_us=started_us or _now_us(), finished_us=finished_us or _now_us(),
+                    state, job, output=body, model_hash=model_hash, executor=info,
+                    started_us=started_us or now_us(), finished_us=finished_us or now_us(),
                     receipt=receipt,
                 )
             except (OutcomeError, ValidationError, OSError) as exc:
                 code = exc.code if isinstance(exc, OutcomeError) else "output_too_large"
                 response = error_response(
-                    self.state, job, code=code, message=str(exc)[:4096],
+                    state, job, code=code, message=str(exc)[:4096],
                     model_hash=model_hash, executor=info, started_us=started_us,
                     finished_us=finished_us,
                 )
@@ -401,7 +408,7 @@ class AnswerMixin:
         topic = topics.resp_for(job.request.header.workload_id, job.request.header.shadow)
         return topic, value, response
 
-    def _answered(self: ExecutorService, job: InFlight, response: ResponseRecord, *, kind: str,
+    def _answered(self, job: InFlight, response: ResponseRecord, *, kind: str,
                   tp: tuple[str, int], tracker: OffsetTracker | None,
                   read_mono: float | None) -> None:
         """``job``'s response is acknowledged: count it and settle its offset."""
@@ -414,16 +421,16 @@ class AnswerMixin:
         if tracker is not None:
             tracker.done(tp, job.request_offset)
 
-    async def _log_receipt(self: ExecutorService, receipt: Mapping[str, Any]) -> None:
+    async def _log_receipt(self, receipt: Mapping[str, Any]) -> None:
         """Append ``receipt`` to ``sys.ledger.<node>`` with a fresh signed checkpoint
-        (:class:`executor.ledger.LedgerWriter`), through :meth:`_produce`."""
+        (:class:`executor.ledger.LedgerWriter`), through the node's producer."""
         ledger = self._ledger
         if ledger is None:
             ledger = self._ledger = LedgerWriter(self.config.bootstrap, self.config.node_id,
                                                  self.identity)
 
         async def produce(topic: str, value: bytes, key: bytes) -> Any:
-            return await self._produce("ledger", topic, value, key)
+            return await self.producer.produce("ledger", topic, value, key)
 
         await ledger.append(receipt, produce)
 
@@ -432,10 +439,10 @@ def _timed(run_batch: Any, target: str, items: list[Any]) -> tuple[Any, float, i
     """``run_batch(target, items)``, its wall time and its start and end (µs since the epoch),
     taken where it runs (in the engine pool: without the hand-offs to and from the thread, nor
     the wait behind the batch queued ahead of it)."""
-    started_us = _now_us()
+    started_us = now_us()
     t0 = time.perf_counter()
     results = run_batch(target, items)
-    return results, time.perf_counter() - t0, started_us, _now_us()
+    return results, time.perf_counter() - t0, started_us, now_us()
 
 
 def _request_context(job: InFlight) -> dict[str, Any]:

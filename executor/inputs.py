@@ -1,5 +1,11 @@
 """Reading a request's input: inline bodies, chunks and stream references (each read in a
-fetch task of its own, see :mod:`executor.service`), and storing a response body."""
+fetch task of its own, see :mod:`executor.runner`), and storing a response body
+(:class:`InputReader`).
+
+A stream reference is checked against the cluster metadata first, so a missing topic is a prompt
+``input_missing`` and is never created. A stream input that cannot be read while the broker is
+down is waited for, in its own fetch task, and answered ``input_missing`` only once the request's
+executor lease has lapsed (the holder has written ``unknown`` by then)."""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import InvalidTopicError, KafkaError, UnknownTopicOrPartitionError, for_code
@@ -24,25 +31,67 @@ from broker_schema.records import (
     InputRecord,
     StreamRef,
 )
+from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
+from executor.config import ExecutorConfig
 from executor.engines import EngineResult
 from fx_kafka.client import make_consumer
 from fx_kafka.retry import backoff_s, broker_unavailable
-from fx_node.admission import (
-    chunk_owner,
-    chunk_problem,
-)
+from fx_node.admission import ExecutorState, chunk_owner, chunk_problem
 from fx_node.errors import EngineError, OutcomeError
+from fx_node.producer import BrokerWait, ResilientProducer
 
-if TYPE_CHECKING:
-    from executor.service import ExecutorService
+__all__ = ["InputReader"]
 
 log = logging.getLogger("executor.service")
 
 
-class InputsMixin:
-    """The input-reading methods of :class:`executor.service.ExecutorService`."""
+class InputReader:
+    """Reads the inputs of the requests of ``state``'s workloads, and stores response bodies
+    (``chunks``). Referenced inputs are read apart from the workers, at most ``input_fetchers``
+    at once (``slots``; one idle stream consumer each, made on first use). ``stopping``: whether
+    the node is shutting down (a read waiting for the broker then gives up)."""
 
-    async def _resolve(self: ExecutorService, body: Body | None, *, reader: str,
+    def __init__(self, config: ExecutorConfig, state: ExecutorState, *, wait: BrokerWait,
+                 stopping: Callable[[], bool]) -> None:
+        self.config = config
+        self.state = state
+        self._wait = wait
+        self._stopping = stopping
+        self.chunks: ChunkStore = FsChunkStore(config.chunk_dir)
+        self.slots = asyncio.Semaphore(config.input_fetchers)
+        #: the node's consumer that fetches nothing (offset and metadata look-ups)
+        self.probe: AIOKafkaConsumer | None = None
+        self._streams: list[AIOKafkaConsumer] = []
+        self._all_streams: set[AIOKafkaConsumer] = set()
+        self._retired: set[asyncio.Task[Any]] = set()
+
+    async def start(self, probe: AIOKafkaConsumer, producer: ResilientProducer) -> None:
+        """Use ``probe`` for look-ups; with ``chunk_backend = "kafka"``, start the chunk store
+        on ``sys.chunks`` (writing through ``producer``, and its successors)."""
+        self.probe = probe
+        if self.config.chunk_backend == "kafka":
+            assert producer.current is not None
+            kstore = KafkaChunkStore(self.config.bootstrap, producer.current,
+                                     FsChunkStore(self.config.chunk_dir))
+            await kstore.start()
+            self.chunks = kstore
+
+            def renewed(new: Any) -> None:
+                kstore.producer = new
+
+            producer.on_renew(renewed)
+
+    async def close(self) -> None:
+        """Stop the stream consumers and the chunk store."""
+        for c in self._all_streams:
+            with contextlib.suppress(KafkaError):
+                await c.stop()
+        if isinstance(self.chunks, KafkaChunkStore):
+            await self.chunks.stop()
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+
+    async def resolve(self, body: Body | None, *, reader: str,
                        give_up_at: float | None = None) -> bytes:
         """The input's bytes for a request of workload ``reader``; a reference that cannot be
         read is ``input_missing`` (an I/O or broker error here is that request's outcome, never
@@ -55,7 +104,7 @@ class InputsMixin:
                 "input_missing", f"cannot read the input: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _resolve_body(self: ExecutorService, body: Body | None, *, reader: str,
+    async def _resolve_body(self, body: Body | None, *, reader: str,
                             context: str, depth: int,
                             give_up_at: float | None = None) -> bytes:
         """``context``: the workload ``body`` was found in (``reader``, or the workload of the
@@ -92,7 +141,7 @@ class InputsMixin:
             return value
         raise OutcomeError("input_invalid", f"unknown body type {type(body).__name__}")
 
-    async def _read_stream(self: ExecutorService, ref: StreamRef, *,
+    async def _read_stream(self, ref: StreamRef, *,
                            give_up_at: float | None = None) -> bytes:
         """The record ``ref`` names (a topic :func:`fx_node.admission.input_problem` allowed).
 
@@ -106,7 +155,7 @@ class InputsMixin:
             try:
                 return await self._read_stream_once(ref)
             except _Unreachable as exc:
-                if self._stopping:
+                if self._stopping():
                     raise EngineError("shutdown", "the executor stopped while the broker was "
                                       f"unavailable: {exc}") from None
                 attempt += 1
@@ -115,16 +164,16 @@ class InputsMixin:
                     raise OutcomeError(
                         "input_missing", f"{ref.topic}/{ref.partition}@{ref.offset} could not be "
                         f"read within the executor lease ({attempt} attempts): {exc}") from None
-                await self._broker_wait("stream", ref.topic, exc, attempt)
+                await self._wait("stream", ref.topic, exc, attempt)
 
-    async def _partitions(self: ExecutorService, topic: str) -> set[int] | None:
+    async def _partitions(self, topic: str) -> set[int] | None:
         """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
 
         Asked with ``allow_auto_topic_creation=false``: a broker that auto-creates topics does not
         create this one. (A consumer's own metadata look-up would: aiokafka asks for a topic it
         is given with auto-creation allowed, and goes on asking for it.)"""
-        assert self._probe is not None
-        client = self._probe._client
+        assert self.probe is not None
+        client = self.probe._client
         node = client.get_random_node()
         if node is None:
             raise _Unreachable("no broker in the cluster metadata")
@@ -149,7 +198,7 @@ class InputsMixin:
             raise OutcomeError("input_missing", f"cannot read {topic}: {error.__name__}")
         return None
 
-    async def _read_stream_once(self: ExecutorService, ref: StreamRef) -> bytes:
+    async def _read_stream_once(self, ref: StreamRef) -> bytes:
         """One bounded attempt (``input_attempt_s``) at reading ``ref``, on an idle stream
         consumer of this task's own (a consumer whose attempt ran over is closed, not reused)."""
         stream = self._streams.pop() if self._streams else None
@@ -180,7 +229,7 @@ class InputsMixin:
         self._streams.append(stream)
         return value
 
-    def _retire_stream(self: ExecutorService, stream: AIOKafkaConsumer) -> None:
+    def _retire_stream(self, stream: AIOKafkaConsumer) -> None:
         self._all_streams.discard(stream)
 
         async def close() -> None:
@@ -191,7 +240,7 @@ class InputsMixin:
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
 
-    async def _read_on(self: ExecutorService, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
+    async def _read_on(self, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
         partitions = await self._partitions(ref.topic)
         if partitions is None:
             raise OutcomeError("input_missing", f"no topic {ref.topic} in the cluster")
@@ -200,9 +249,9 @@ class InputsMixin:
                                f"(it has {len(partitions)})")
         tp = TopicPartition(ref.topic, ref.partition)
         try:
-            assert self._probe is not None
-            first = (await self._probe.beginning_offsets([tp]))[tp]
-            end = (await self._probe.end_offsets([tp]))[tp]
+            assert self.probe is not None
+            first = (await self.probe.beginning_offsets([tp]))[tp]
+            end = (await self.probe.end_offsets([tp]))[tp]
         except KafkaError as exc:
             if broker_unavailable(exc):
                 raise _Unreachable(repr(exc)) from exc
@@ -224,7 +273,7 @@ class InputsMixin:
         value: bytes = msgs[0].value or b""
         return value
 
-    async def _output_body(self: ExecutorService, result: EngineResult, workload: str) -> Body:
+    async def output_body(self, result: EngineResult, workload: str) -> Body:
         """The response body: inline, else a chunk stored for ``workload`` (the request's)."""
         try:
             if isinstance(result.output, bytes):

@@ -29,7 +29,8 @@ class Job:
     tracker: OffsetTracker
     #: the ``accepted`` record as sent (topic, value, key): written again if its ack fails
     accepted: tuple[str, bytes, bytes]
-    #: the producer generation it was sent with (see ``ExecutorService._renew_producer``)
+    #: the producer generation it was sent with
+    #: (see :meth:`fx_node.producer.ResilientProducer.renew`)
     accepted_gen: int = 0
     #: the input's bytes, once read (the job reaches the scheduler only then)
     data: bytes = b""

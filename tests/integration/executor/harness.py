@@ -177,7 +177,7 @@ async def wait_assigned(service: ExecutorService, timeout: float = 20.0) -> None
     """Until every kind's consumer owns at least one partition."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not all(c.assignment() for c in service._consumers.values()):
+    while not all(c.assignment() for c in service.node.consumers.values()):
         if loop.time() > deadline:
             raise TimeoutError("executor got no partition assigned")
         await asyncio.sleep(0.05)

@@ -25,8 +25,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from broker_schema import encode, topics
 from broker_schema.records import AcceptedRecord, InlineBody, InputRecord, StreamRef
+from executor.inputs import InputReader
 from executor.models import ModelStore
-from executor.service import ExecutorService
 from fx_kafka.client import make_admin
 from fx_kafka.errors import FetchError, JavaNotFoundError
 from fx_kafka.local import LocalKafka, deploy_dir
@@ -107,13 +107,13 @@ def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     Installed on the class before an executor starts: one may answer its first requests before
     ``running`` hands it over."""
     seen: list[str] = []
-    real = ExecutorService._partitions
+    real = InputReader._partitions
 
-    async def partitions(self: ExecutorService, topic: str) -> Any:
+    async def partitions(self: InputReader, topic: str) -> Any:
         seen.append(topic)
         return await real(self, topic)
 
-    monkeypatch.setattr(ExecutorService, "_partitions", partitions)
+    monkeypatch.setattr(InputReader, "_partitions", partitions)
     return seen
 
 
@@ -148,7 +148,7 @@ async def test_forbidden_references_are_refused_before_any_read(
             recs = await wl.responses([r.effect_id for r in [*reqs.values(), fine]], settle=0.5)
             public_key = svc.identity.public_key_b64
             metrics = svc.metrics_text().decode()
-            tracked = set(svc._probe._client._topics)  # type: ignore[union-attr]
+            tracked = set(svc.node.probe._client._topics)  # type: ignore[union-attr]
     answers = by_effect(recs)
     accepted = {r.effect_id for r in recs if isinstance(r, AcceptedRecord)}
     for name, req in reqs.items():
@@ -233,14 +233,14 @@ async def test_a_slow_input_holds_only_its_own_request(
         cfg = executor_config(kafka_bootstrap, wid, tmp_path, store.root, workers=1,
                               input_fetchers=2, input_attempt_s=0.5)
         async with running(cfg) as svc:
-            real = svc._read_on
+            real = svc.runner.inputs._read_on
 
             async def read_on(consumer: Any, ref: StreamRef) -> bytes:
                 if ref.offset == slow_off:
                     await asyncio.sleep(3600)  # a fetch that never returns
                 return await real(consumer, ref)
 
-            svc._read_on = read_on  # type: ignore[method-assign,assignment]
+            svc.runner.inputs._read_on = read_on  # type: ignore[method-assign,assignment]
             t0 = time.monotonic()
             await wl.send(slow)
             await asyncio.sleep(0.3)  # admitted and reading before the others arrive

@@ -68,7 +68,7 @@ async def test_integer_engine_receipts_verify(
         first = request(wl.workload_id, manifest.hash, b"", index=0, params=FRANCE)
         second = request(wl.workload_id, manifest.hash, b"", index=1, params=TWO)
         async with running(cfg) as svc:
-            assert manifest.hash in svc._loaded_models()  # preloaded, hash-checked
+            assert manifest.hash in svc.runner.engines.loaded_models()  # preloaded, hash-checked
             t0 = time.monotonic()
             await wl.send(first)
             recs = await wl.responses([first.effect_id], timeout=60)

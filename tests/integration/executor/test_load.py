@@ -107,7 +107,7 @@ async def test_bad_records_are_counted_logged_rejected_and_passed(
                 rejects = await rejects_for(kafka_bootstrap, out, 3)
                 metrics = svc.metrics_text().decode()
                 # the consumer moved on: its committed offset is past all four records
-                consumer = next(iter(svc._consumers.values()))
+                consumer = next(iter(svc.node.consumers.values()))
                 for _ in range(100):
                     committed = await consumer.committed(next(iter(consumer.assignment())))
                     if committed == wl.offsets[good.effect_id] + 1:
@@ -146,15 +146,15 @@ async def test_two_executors_share_the_load_and_hand_over(
                                 **common)
         async with running(cfg_a) as a:
             async with running(cfg_b) as b:
-                await _until(lambda: len(a._consumers[_kind(a)].assignment()) == 2
-                             and len(b._consumers[_kind(b)].assignment()) == 2)
+                await _until(lambda: len(a.node.consumers[_kind(a)].assignment()) == 2
+                             and len(b.node.consumers[_kind(b)].assignment()) == 2)
                 first = [request(w.workload_id, magika_hash, PY, index=0) for w in wls]
                 for w, r in zip(wls, first, strict=True):
                     await w.send(r)
                 writers_1 = {by_effect(await w.responses([r.effect_id]))[r.effect_id][0].written_by
                              for w, r in zip(wls, first, strict=True)}
             # b stopped gracefully: a takes over all four partitions
-            await _until(lambda: len(a._consumers[_kind(a)].assignment()) == 4)
+            await _until(lambda: len(a.node.consumers[_kind(a)].assignment()) == 4)
             second = [request(w.workload_id, magika_hash, PY, index=1) for w in wls]
             for w, r in zip(wls, second, strict=True):
                 await w.send(r)
@@ -166,7 +166,7 @@ async def test_two_executors_share_the_load_and_hand_over(
 
 
 def _kind(svc: ExecutorService) -> str:
-    return next(iter(svc._consumers))
+    return next(iter(svc.node.consumers))
 
 
 async def _until(cond: object, timeout: float = 30.0) -> None:

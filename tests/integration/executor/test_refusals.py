@@ -96,7 +96,7 @@ async def test_tampered_model_is_refused_and_service_keeps_running(
             before = request(wid, magika_hash, b"#!/bin/sh\necho hello world\n" * 4, index=0)
             await wl.send(before)
             await wl.responses([before.effect_id])
-            assert magika_hash in svc._loaded_models()
+            assert magika_hash in svc.runner.engines.loaded_models()
             # flip one byte of the stored (and already loaded) model file
             path = store.path(magika_hash)
             os.chmod(path, 0o644)
@@ -109,7 +109,7 @@ async def test_tampered_model_is_refused_and_service_keeps_running(
             await wl.send(other)
             recs = await wl.responses([after.effect_id, other.effect_id])
             assert svc.is_live()
-            assert magika_hash not in svc._loaded_models()
+            assert magika_hash not in svc.runner.engines.loaded_models()
             ready = await svc.readiness()
             metrics = svc.metrics_text().decode()
     answers = by_effect(recs)

@@ -76,12 +76,12 @@ async def _service(tmp_path: Path, **engines: Any) -> tuple[ExecutorService, Fak
                       chunk_dir=tmp_path / "chunks", http_port=None)
     svc = ExecutorService(cfg, identity=NodeIdentity.generate(), engines=engines or None)
     producer = FakeProducer()
-    svc._producer = producer  # type: ignore[assignment]
+    svc.node.producer.current = producer  # type: ignore[assignment]
 
     async def no_sync(workload_id: str, *, shadow: str | None = None) -> None:
         return None
 
-    svc._sync_workload = no_sync  # type: ignore[method-assign]
+    svc.node.sync_workload = no_sync  # type: ignore[method-assign]
     return svc, producer
 
 
@@ -92,10 +92,10 @@ def _msg(value: bytes, offset: int, headers: tuple[tuple[str, bytes], ...] = ())
 
 async def _handle(svc: ExecutorService, value: bytes, offset: int,
                   headers: tuple[tuple[str, bytes], ...] = ()) -> None:
-    tracker = svc._trackers[INFERENCE_KIND]
-    await svc._handle(INFERENCE_KIND, tracker, TopicPartition(topics.out(WL), 0),
+    tracker = svc.node.trackers[INFERENCE_KIND]
+    await svc.node.handle(INFERENCE_KIND, tracker, TopicPartition(topics.out(WL), 0),
                       _msg(value, offset, headers), set())
-    await svc._await_background()
+    await svc.node.await_background()
 
 
 async def test_a_request_mirrored_from_a_site_is_never_answered(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ async def test_a_request_mirrored_from_a_site_is_never_answered(tmp_path: Path) 
     req = request(WL, model, epoch=1)
     await _handle(svc, encode(req), 4, headers=(("fx.mirror.offset", b"9"),))
     assert producer.sent == [] and not svc.state.in_flight
-    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 5}
+    assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 5}
     assert 'fx_executor_ignored_total{reason="mirrored_copy"} 1.0' in svc.metrics_text().decode()
 
 
@@ -122,8 +122,8 @@ async def test_in_flight_record_read_again_after_a_rebalance_stays_unsettled(
     async def ready(model_hash: str | None) -> str:
         return "ready"
 
-    svc._model_status = ready  # type: ignore[method-assign,assignment]
-    tracker = svc._trackers[INFERENCE_KIND]
+    svc.runner.engines.model_status = ready  # type: ignore[method-assign,assignment]
+    tracker = svc.node.trackers[INFERENCE_KIND]
     tp = (topics.out(WL), 0)
     req = request(WL, model, epoch=1)
     await _handle(svc, encode(req), 5)
@@ -147,7 +147,7 @@ async def test_plain_output_on_out_is_ignored_and_settled(tmp_path: Path) -> Non
     out = OutputRecord(header=request(WL, None).header, body=InlineBody.of_text("log line"))
     await _handle(svc, encode(out), 3)
     assert producer.sent == [] and not svc.state.in_flight
-    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 4}
+    assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 4}
     assert 'fx_executor_ignored_total{reason="not_a_request"} 1.0' in svc.metrics_text().decode()
 
 
@@ -165,7 +165,7 @@ async def test_a_record_that_does_not_belong_on_out_is_rejected_visibly(tmp_path
     assert all(isinstance(r, RejectedRecord) and r.code == "wrong_stream"
                and r.topic == topics.out(WL) for r in rejects)
     assert not svc.state.in_flight and svc.state.workload(WL).highest_epoch != 9
-    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 2}
+    assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 2}
     metrics = svc.metrics_text().decode()
     assert 'fx_executor_rejected_records_total{code="wrong_stream"} 2.0' in metrics
 
@@ -194,7 +194,7 @@ async def test_damaged_manifest_is_a_recorded_refusal_not_a_crash(tmp_path: Path
         await _handle(svc, encode(req), len(producer.sent))
         (resp,) = [r for r in producer.responses() if r.effect_id == req.effect_id]
         assert resp.error is not None and resp.error.code == "model_unknown", resp.error
-    assert svc._fatal is None and not svc.state.in_flight
+    assert svc.node.fatal is None and not svc.state.in_flight
 
 
 async def test_engine_that_cannot_load_gives_engine_error(tmp_path: Path) -> None:
@@ -205,7 +205,7 @@ async def test_engine_that_cannot_load_gives_engine_error(tmp_path: Path) -> Non
     m = store.add(src, {"name": "b", "engine": "broken", "interface": "x",
                         "preprocessing_version": "x/1"})
     with pytest.raises(EngineError) as exc:
-        await asyncio.to_thread(svc._ensure_loaded, m.hash)
+        await asyncio.to_thread(svc.runner.engines.ensure_loaded, m.hash)
     assert exc.value.code == "engine_error" and "RuntimeError" in exc.value.message
     metrics = svc.metrics_text().decode()
     assert 'fx_executor_model_load_failures_total{code="engine_error"} 1.0' in metrics
@@ -221,7 +221,7 @@ async def test_unreadable_chunk_is_input_missing_not_a_worker_crash(tmp_path: Pa
     path = svc.chunks.path(ref.hash, WL)  # type: ignore[attr-defined]
     path.mkdir(parents=True)  # reading it raises IsADirectoryError, an OSError
     with pytest.raises(OutcomeError) as exc:
-        await svc._resolve(ref, reader=WL)
+        await svc.runner.inputs.resolve(ref, reader=WL)
     assert exc.value.code == "input_missing"
 
 
@@ -230,7 +230,7 @@ async def test_failed_claims_catch_up_is_retried_never_decided_on_stale_state(
     from aiokafka.errors import KafkaConnectionError
 
     svc, _ = await _service(tmp_path)
-    del svc._sync_workload  # the real retrying method again, over a failing inner read
+    del svc.node.sync_workload  # the real retrying method again, over a failing inner read
     attempts: list[int] = []
 
     async def flaky(workload_id: str, shadow: str | None = None) -> None:
@@ -239,8 +239,8 @@ async def test_failed_claims_catch_up_is_retried_never_decided_on_stale_state(
             raise KafkaConnectionError("broker away")
         svc.state.observe_claim(claim(WL, 4))
 
-    svc._sync_workload_inner = flaky  # type: ignore[method-assign]
-    await svc._sync_workload(WL, attempt_s=1.0, max_backoff_s=0.01)
+    svc.node.sync_read = flaky  # type: ignore[method-assign]
+    await svc.node.sync_workload(WL, attempt_s=1.0, max_backoff_s=0.01)
     assert len(attempts) == 3
     assert svc.state.workload(WL).highest_epoch == 4
     assert 'fx_executor_sync_failures_total 2.0' in svc.metrics_text().decode()
@@ -280,7 +280,7 @@ async def _echo_service(tmp_path: Path) -> tuple[ExecutorService, FakeProducer, 
     src.write_bytes(b"echo weights")
     model = svc.store.add(src, {"name": "echo", "engine": "echo", "interface": "x",
                                 "preprocessing_version": "x/1"}).hash
-    await asyncio.to_thread(svc._ensure_loaded, model)
+    await asyncio.to_thread(svc.runner.engines.ensure_loaded, model)
     svc.state.observe_spec(spec(WL, {"m": model}), offset=0)
     svc.state.observe_claim(claim(WL, 1))
     return svc, producer, model
@@ -293,7 +293,7 @@ async def test_a_microsecond_model_is_answered_in_the_consumer_loop(tmp_path: Pa
     from broker_schema.records import AcceptedRecord
 
     svc, producer, model = await _echo_service(tmp_path)
-    svc._note_run_cost(model, 20e-6)  # as measured by an earlier batch of this model
+    svc.runner.engines.note_run_cost(model, 20e-6)  # as measured by an earlier batch of this model
     req = request(WL, model, b"four", epoch=1)
     await _handle(svc, encode(req), 3)
     sent = [decode(v) for t, v in producer.sent if t == topics.resp(WL)]
@@ -304,8 +304,8 @@ async def test_a_microsecond_model_is_answered_in_the_consumer_loop(tmp_path: Pa
     assert resp.receipt is not None
     assert resp.receipt["manifest_hash"] == svc.store.manifest(model).manifest_hash()
     assert resp.signature is not None
-    assert not svc.state.in_flight and not svc._scheduler.queues.get(model)
-    assert svc._trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 4}
+    assert not svc.state.in_flight and not svc.runner.scheduler.queues.get(model)
+    assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 4}
 
 
 async def test_a_model_of_unknown_or_slow_cost_goes_to_the_workers(tmp_path: Path) -> None:
@@ -316,10 +316,10 @@ async def test_a_model_of_unknown_or_slow_cost_goes_to_the_workers(tmp_path: Pat
     svc, producer, model = await _echo_service(tmp_path)
     for offset, cost in ((0, None), (1, 0.05)):
         if cost is not None:
-            svc._note_run_cost(model, cost)
+            svc.runner.engines.note_run_cost(model, cost)
         req = request(WL, model, b"x", epoch=1, index=offset)
         await _handle(svc, encode(req), offset)
         assert req.effect_id in svc.state.in_flight
     assert [type(decode(v)) for _t, v in producer.sent] == [AcceptedRecord, AcceptedRecord]
-    assert len(svc._scheduler.queues[model]) == 2
+    assert len(svc.runner.scheduler.queues[model]) == 2
     assert svc.state.queue_depth(INFERENCE_KIND) == 2
