@@ -2,14 +2,19 @@
 
 * ``broker_schema`` imports nothing of ours;
 * ``executor`` and ``workload_sdk`` never import each other;
-* ``fx_kafka`` knows neither side (no ``executor``, ``workload_sdk``, ``fx_integer``);
+* ``fx_kafka`` knows neither side (no ``fx_node``, ``executor``, ``actuator``, ``workload_sdk``,
+  ``fx_integer``);
+* ``broker_schema ← fx_kafka ← fx_node ← {executor, actuator}``: the node's shell (``fx_node``)
+  imports only the wire contract and ``fx_kafka``, so no runner (``executor``, ``actuator``) and
+  no ``workload_sdk``; the two node services never import each other;
 * ``fx_integer`` imports no service (``executor``, ``workload_sdk``, ``fx_kafka``, ``fx_cli``),
   and the wire contract (``broker_schema``) only inside the functions that sign or verify;
 * only ``fx_cli`` imports ``fx_cli`` (it composes the others' commands);
 * ``console`` (``fx console``) is a top-level reader like ``fx_cli``: it may import
   ``workload_sdk`` (the why walk) and ``executor`` (the receipt checks), and no part of ours
   imports it;
-* no module of ours takes part in an import cycle, a lazy (function-level) import included.
+* no module of ours takes part in an import cycle, a lazy (function-level) import and an
+  annotation-only one (under ``TYPE_CHECKING``) included: no exceptions.
 
 Read from the source (AST: every import statement, at module level or inside a function), and
 checked again where it matters most by importing in a fresh interpreter and looking at
@@ -32,9 +37,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = ("broker_schema", "fx_integer", "executor", "actuator", "workload_sdk", "fx_kafka",
-        "fx_cli", "console")
-SERVICES = ("executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli", "console")
+OURS = ("broker_schema", "fx_integer", "fx_node", "executor", "actuator", "workload_sdk",
+        "fx_kafka", "fx_cli", "console")
+SERVICES = ("fx_node", "executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli", "console")
+#: what the node's shell may import of ours
+NODE_BELOW = ("broker_schema", "fx_kafka")
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ def _imports(name: str) -> Iterator[Import]:
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 yield from visit(child, False)
             elif isinstance(child, ast.If) and _is_type_checking(child):
-                continue  # never runs: annotations only
+                yield from visit(child, False)  # never runs, but still an edge of the graph
             else:
                 yield from visit(child, module_level)
 
@@ -112,9 +119,14 @@ def _problems() -> Iterator[str]:
                 yield f"{where} (executor and workload_sdk never import each other)"
             if {here, there} == {"actuator", "workload_sdk"}:
                 yield f"{where} (the actuator gateway and workload_sdk never import each other)"
-            if here == "executor" and there == "actuator":
-                yield f"{where} (the gateway reuses the executor, never the other way)"
-            if here == "fx_kafka" and there in ("executor", "actuator", "workload_sdk",
+            if {here, there} == {"executor", "actuator"}:
+                yield (f"{where} (the executor and the actuator gateway never import each other: "
+                       "what they share is fx_node)")
+            if here == "fx_node" and there not in NODE_BELOW:
+                yield f"{where} (fx_node imports only {' and '.join(NODE_BELOW)}: no runner)"
+            if {here, there} == {"fx_node", "workload_sdk"}:
+                yield f"{where} (the node and workload_sdk never import each other)"
+            if here == "fx_kafka" and there in ("fx_node", "executor", "actuator", "workload_sdk",
                                                  "fx_integer"):
                 yield f"{where} (fx_kafka knows neither side)"
             if there == "fx_cli":
@@ -170,7 +182,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles() -> None:
     """A lazy import inside a function still makes a circle (engine -> receipt -> engine was
-    one): every edge counts, except a module's import of its own parent packages."""
+    one), and so does an import for annotations only (``TYPE_CHECKING``: the executor's mixins
+    hid one): every edge counts, except a module's import of its own parent packages."""
     graph = {name: {i.target for i in _imports(name)
                     if i.target in MODULES and i.target != name
                     and not name.startswith(i.target + ".")}
@@ -273,10 +286,11 @@ def test_fx_integer_loads_no_service() -> None:
 #: package -> what importing every one of its modules must not load
 CLOSURES = {
     "broker_schema": tuple(p for p in OURS if p != "broker_schema"),
+    "fx_node": ("executor", "actuator", "workload_sdk", "fx_integer", "fx_cli", "console"),
     "executor": ("workload_sdk", "actuator", "fx_cli"),
-    "actuator": ("workload_sdk", "fx_cli"),
-    "workload_sdk": ("executor", "actuator", "fx_cli"),
-    "fx_kafka": ("executor", "actuator", "workload_sdk", "fx_integer", "fx_cli"),
+    "actuator": ("workload_sdk", "executor", "fx_cli"),
+    "workload_sdk": ("fx_node", "executor", "actuator", "fx_cli"),
+    "fx_kafka": ("fx_node", "executor", "actuator", "workload_sdk", "fx_integer", "fx_cli"),
     "console": ("actuator", "fx_cli"),
 }
 
