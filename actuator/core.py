@@ -25,7 +25,7 @@ in this order:
    - ``fenced``: ``stale_epoch`` when the device has executed a higher epoch of the workload.
    - ``idempotent``: nothing to remember; repeating a set-point is harmless.
 
-Then the command runs (:mod:`actuator.service`): ``accepted``; what :func:`remember_before`
+Then the command runs (:mod:`actuator.runner`): ``accepted``; what :func:`remember_before`
 says (an ``attempt``, or a raised ``epoch``), acknowledged *before* the device write; the write
 and its read-back; what :func:`remember_after` says (``done``, or forgetting an attempt that
 changed nothing); the signed response (:func:`written_response`).

@@ -13,27 +13,21 @@ from actuator.core import GatewayState
 from actuator.metrics import GatewayMetrics
 from actuator.runner import DeviceRunner
 from fx_node.identity import NodeIdentity
-from fx_node.runner import NodeSettings
+from fx_node.runner import NodeSettings, node_settings
 from fx_node.shell import NodeShell
 
-__all__ = ["GatewayService", "node_settings"]
+__all__ = ["GatewayService", "gateway_settings"]
 
 log = logging.getLogger(__name__)
 
 
-def node_settings(config: GatewayConfig) -> NodeSettings:
-    """What the node's shell reads of the gateway's config."""
-    return NodeSettings(
-        name="actuator gateway", task_label="gateway", node_id=config.node_id,
-        bootstrap=config.bootstrap, kinds=tuple(config.kinds),
-        group_ids={kind: config.group_id(kind) for kind in config.kinds},
-        topic_pattern=config.topic_pattern, metadata_max_age_ms=config.metadata_max_age_ms,
-        session_timeout_ms=config.session_timeout_ms,
-        heartbeat_interval_ms=config.heartbeat_interval_ms, max_records=100,
-        shutdown_grace_s=config.shutdown_grace_s, revoke_grace_s=config.shutdown_grace_s,
-        facts_interval_s=config.facts_interval_s, http_host=config.http_host,
-        http_port=config.http_port, http_title="ninelives-fx actuator gateway",
-        producer_batch_bytes=None, producer_close_s=10.0)
+def gateway_settings(config: GatewayConfig) -> NodeSettings:
+    """What the node's shell reads of the gateway's config (a revoked partition's commands get
+    the shutdown grace)."""
+    return node_settings(config, name="actuator gateway", task_label="gateway",
+                         max_records=100, revoke_grace_s=config.shutdown_grace_s,
+                         http_title="ninelives-fx actuator gateway", producer_batch_bytes=None,
+                         producer_close_s=10.0)
 
 
 class GatewayService:
@@ -46,7 +40,7 @@ class GatewayService:
         self.identity = identity or NodeIdentity.load_or_create(config.key_file,
                                                                 config.key_type)
         self.metrics = GatewayMetrics()
-        self.node = NodeShell(node_settings(config), identity=self.identity,
+        self.node = NodeShell(gateway_settings(config), identity=self.identity,
                               metrics=self.metrics, log=log)
         self.runner = DeviceRunner(config, self.node, metrics=self.metrics)
         self.node.attach(self.runner)

@@ -23,28 +23,21 @@ from executor.runner import ModelRunner
 from fx_node.admission import ExecutorState
 from fx_node.identity import NodeIdentity
 from fx_node.producer import PRODUCER_BATCH_BYTES
-from fx_node.runner import NodeSettings
+from fx_node.runner import NodeSettings, node_settings
 from fx_node.shell import NodeShell
 
-__all__ = ["ExecutorService", "node_settings"]
+__all__ = ["ExecutorService", "executor_settings"]
 
 log = logging.getLogger(__name__)
 
 
-def node_settings(config: ExecutorConfig) -> NodeSettings:
+def executor_settings(config: ExecutorConfig) -> NodeSettings:
     """What the node's shell reads of the executor's config."""
-    return NodeSettings(
-        name="executor", task_label="executor", node_id=config.node_id,
-        bootstrap=config.bootstrap, kinds=tuple(config.kinds),
-        group_ids={kind: config.group_id(kind) for kind in config.kinds},
-        topic_pattern=config.topic_pattern, metadata_max_age_ms=config.metadata_max_age_ms,
-        session_timeout_ms=config.session_timeout_ms,
-        heartbeat_interval_ms=config.heartbeat_interval_ms, max_records=500,
-        shutdown_grace_s=config.shutdown_grace_s, revoke_grace_s=config.revoke_grace_s,
-        facts_interval_s=config.facts_interval_s, http_host=config.http_host,
-        http_port=config.http_port, http_title="ninelives-fx executor",
-        producer_batch_bytes=PRODUCER_BATCH_BYTES,
-        producer_close_s=max(1.0, config.shutdown_grace_s))
+    return node_settings(config, name="executor", task_label="executor", max_records=500,
+                         revoke_grace_s=config.revoke_grace_s,
+                         http_title="ninelives-fx executor",
+                         producer_batch_bytes=PRODUCER_BATCH_BYTES,
+                         producer_close_s=max(1.0, config.shutdown_grace_s))
 
 
 class ExecutorService:
@@ -64,7 +57,7 @@ class ExecutorService:
                                                                 config.key_type)
         self.store = ModelStore(config.model_dir)
         self.metrics = ExecutorMetrics()
-        self.node = NodeShell(node_settings(config), identity=self.identity,
+        self.node = NodeShell(executor_settings(config), identity=self.identity,
                               metrics=self.metrics, log=log)
         self.runner = ModelRunner(config, self.node, metrics=self.metrics, store=self.store,
                                   engines=engines)

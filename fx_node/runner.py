@@ -7,13 +7,15 @@ passes the runner for every request it admits to it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from broker_schema.records import EffectRequest, FactsRecord, RejectCode
 from fx_node.admission import ExecutorState, OffsetTracker
 
-__all__ = ["NodeMetrics", "NodeSettings", "Read", "Runner", "Skip"]
+__all__ = ["NodeMetrics", "NodeSettings", "Read", "Runner", "ServiceConfig", "Skip",
+           "node_settings"]
 
 #: Why the shell passed over a record read on ``.out`` before any runner saw it as a request:
 #: a site's request mirrored here, a record that does not decode (or does not belong on
@@ -52,6 +54,54 @@ class NodeSettings:
     producer_batch_bytes: int | None
     #: how long the producer may take to flush at shutdown
     producer_close_s: float
+
+
+class ServiceConfig(Protocol):
+    """What a service's config has that the shell reads (the executor's and the gateway's)."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def bootstrap(self) -> str: ...
+    @property
+    def kinds(self) -> Mapping[str, Any]: ...
+    @property
+    def topic_pattern(self) -> str: ...
+    @property
+    def metadata_max_age_ms(self) -> int: ...
+    @property
+    def session_timeout_ms(self) -> int: ...
+    @property
+    def heartbeat_interval_ms(self) -> int: ...
+    @property
+    def shutdown_grace_s(self) -> float: ...
+    @property
+    def facts_interval_s(self) -> float: ...
+    @property
+    def http_host(self) -> str: ...
+    @property
+    def http_port(self) -> int | None: ...
+
+    def group_id(self, kind: str) -> str:
+        """The consumer group serving ``kind``."""
+        ...
+
+
+def node_settings(config: ServiceConfig, *, name: str, task_label: str, max_records: int,
+                  revoke_grace_s: float, http_title: str, producer_batch_bytes: int | None,
+                  producer_close_s: float) -> NodeSettings:
+    """The shell's settings: what ``config`` says, and what its service adds."""
+    return NodeSettings(
+        name=name, task_label=task_label, node_id=config.node_id, bootstrap=config.bootstrap,
+        kinds=tuple(config.kinds),
+        group_ids={kind: config.group_id(kind) for kind in config.kinds},
+        topic_pattern=config.topic_pattern, metadata_max_age_ms=config.metadata_max_age_ms,
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms, max_records=max_records,
+        shutdown_grace_s=config.shutdown_grace_s, revoke_grace_s=revoke_grace_s,
+        facts_interval_s=config.facts_interval_s, http_host=config.http_host,
+        http_port=config.http_port, http_title=http_title,
+        producer_batch_bytes=producer_batch_bytes, producer_close_s=producer_close_s)
 
 
 class NodeMetrics(Protocol):
