@@ -1,7 +1,9 @@
-"""The executor's HTTP surface (FastAPI, served by uvicorn inside the service's event loop).
+"""A node's HTTP surface (FastAPI, served by uvicorn inside the service's event loop): the
+executor's and the actuator gateway's.
 
 ``/v2/health/live``: 200 while the process runs its loops. ``/v2/health/ready``: 200 when the
-broker answers a metadata request and every preloaded model is loaded, else 503 with the reasons.
+broker answers a metadata request and the runner is ready (the executor: every preloaded model is
+loaded), else 503 with the reasons.
 ``/facts``: the node's current facts record. ``/metrics``: Prometheus text format.
 """
 
@@ -18,7 +20,7 @@ __all__ = ["HealthView", "UvicornServer", "create_app"]
 
 
 class HealthView(Protocol):
-    """What the app reads from the service (implemented by ``ExecutorService``)."""
+    """What the app reads from the service (implemented by :class:`fx_node.shell.NodeShell`)."""
 
     def is_live(self) -> bool:
         """The service's loops are running."""

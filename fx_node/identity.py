@@ -1,5 +1,5 @@
-"""Node identity: a signing key per executor node (Ed25519, or secp256k1 ECDSA), and response
-signatures.
+"""Node identity: a signing key per node (an executor, an actuator gateway; Ed25519, or
+secp256k1 ECDSA), and response signatures.
 
 The key is created on first start at ``key_file`` (PKCS#8 PEM, mode 0600, its directory 0700),
 of the type the config names (``key_type``); an existing file is used as it is, whatever its
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class NodeIdentity:
-    """An executor node's signing key."""
+    """A node's signing key."""
 
     def __init__(self, key: SigningKey) -> None:
         self.signing_key = key

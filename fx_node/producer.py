@@ -23,8 +23,9 @@ from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
 
 __all__ = ["PRODUCER_BATCH_BYTES", "BrokerWait", "ResilientProducer", "close_quietly"]
 
-#: The executor's producer batches: a burst's accepted and response records share produce
-#: requests (aiokafka's 16 KiB default makes thousands of sends wait on a full batch).
+#: The executor's producer batches (the gateway keeps aiokafka's default): a burst's accepted and
+#: response records share produce requests (aiokafka's 16 KiB default makes thousands of sends
+#: wait on a full batch).
 PRODUCER_BATCH_BYTES = 1 << 20
 
 

@@ -1,7 +1,7 @@
 """What a node's shell (:class:`fx_node.shell.NodeShell`) is handed: its settings, its metrics
-and the :class:`Runner` that does what the node is for (run models: :class:`executor.runner.
-ModelRunner`; drive devices: :class:`actuator.runner.DeviceRunner`), and the :class:`Read` it
-passes the runner for every request it admits to it.
+and the :class:`Runner` that does what the node is for (run models:
+:class:`executor.runner.ModelRunner`; drive devices: :class:`actuator.runner.DeviceRunner`), and
+the :class:`Read` it passes the runner for every request it admits to it.
 """
 
 from __future__ import annotations
