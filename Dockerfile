@@ -44,6 +44,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY broker_schema ./broker_schema
 COPY fx_integer ./fx_integer
+COPY fx_node ./fx_node
 COPY executor ./executor
 COPY actuator ./actuator
 COPY workload_sdk ./workload_sdk

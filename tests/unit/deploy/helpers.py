@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 
 #: Packages whose source is scanned for metric definitions.
-PACKAGES = ("broker_schema", "executor", "actuator", "workload_sdk", "fx_kafka", "fx_cli",
-            "fx_integer")
+PACKAGES = ("broker_schema", "fx_node", "executor", "actuator", "workload_sdk", "fx_kafka",
+            "fx_cli", "fx_integer")
 
 
 def in_ci() -> bool:
