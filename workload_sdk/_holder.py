@@ -93,6 +93,7 @@ from broker_schema import (
 )
 from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
 from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
+from broker_schema.streams import OutRecord
 from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
@@ -105,7 +106,6 @@ from workload_sdk._api import Workload, module_hash
 from workload_sdk._core import (
     Core,
     Item,
-    OutRecord,
     describe_ref,
     next_due_ms,
     referenced_body,

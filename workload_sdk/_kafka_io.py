@@ -23,7 +23,7 @@ from broker_schema import (
 from fx_kafka import security as _security
 from fx_kafka.client import check_authorized, make_consumer, read_partition
 from workload_sdk._core import referenced_body
-from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
+from workload_sdk._logview import LogRecord, TopicView, WorkloadLog
 from workload_sdk._refs_io import RefResolver
 
 
@@ -122,7 +122,7 @@ async def resolve_log(log: WorkloadLog, resolver: RefResolver, *,
 
 
 async def read_workload_log(bootstrap: str, workload_id: str, *,
-                            streams: Iterable[str] = STREAMS,
+                            streams: Iterable[str] = topics.STREAMS,
                             with_facts: bool = True, resolve: bool = True,
                             chunk_dir: str | Path | None = None) -> WorkloadLog:
     """The committed records of a workload's streams (and ``sys.facts``) as a WorkloadLog.

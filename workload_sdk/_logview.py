@@ -31,9 +31,6 @@ from broker_schema import (
 from broker_schema.binding import accepted_claims, claim_in_force
 from broker_schema.topics import check_workload_id
 
-#: The per-workload streams, by their short name.
-STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
-
 
 class LogGap(Exception):
     """A record that replay needs is gone: ``trimmed`` (below the log start) or ``missing``
@@ -159,7 +156,8 @@ class WorkloadLog:
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:
         """A log with no records."""
-        return cls(workload_id, {s: TopicView(topics.stream(workload_id, s)) for s in STREAMS})
+        return cls(workload_id,
+                   {s: TopicView(topics.stream(workload_id, s)) for s in topics.STREAMS})
 
     def __getitem__(self, stream: str) -> TopicView:
         return self.views[stream]
@@ -209,7 +207,7 @@ class WorkloadLog:
     def to_jsonl(self, path: Path) -> None:
         """Write the log as JSONL (sorted by stream, then offset)."""
         lines = []
-        for stream in STREAMS:
+        for stream in topics.STREAMS:
             view = self.views[stream]
             lines.append(json.dumps({"topic": stream, "start": view.start, "end": view.end},
                                     sort_keys=True))
@@ -265,7 +263,7 @@ class WorkloadLog:
                 self.facts.append(fact)
             return
         if not isinstance(topic, str) or topic not in self.views:
-            raise ValueError(f"topic {str(topic)[:60]!r} is not one of {list(STREAMS)}")
+            raise ValueError(f"topic {str(topic)[:60]!r} is not one of {list(topics.STREAMS)}")
         view = self.views[topic]
         if "value" not in row:
             view.start = _offset(row.get("start", 0), "start")

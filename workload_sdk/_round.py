@@ -34,11 +34,11 @@ from broker_schema import (
     SpecRecord,
     TickRecord,
 )
+from broker_schema.streams import OutRecord
 from workload_sdk._api import WorkloadError
 from workload_sdk._core import (
     Core,
     Item,
-    OutRecord,
     choose_next,
     due_outcomes,
     holder_outcome,

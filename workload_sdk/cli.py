@@ -437,7 +437,6 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
     resolve_log`)."""
     from fx_kafka.client import make_consumer
     from workload_sdk._kafka_io import read_facts, read_topic, resolve_log
-    from workload_sdk._logview import STREAMS
     from workload_sdk._refs_io import RefResolver
 
     def topic(stream: str) -> str:
@@ -449,7 +448,7 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
         present = await consumer.topics()
     finally:
         await consumer.stop()
-    absent = [topic(s) for s in STREAMS if topic(s) not in present]
+    absent = [topic(s) for s in topics.STREAMS if topic(s) not in present]
     if absent:  # reading one would wait out the client's request timeout
         raise LookupError(f"no workload {workload_id!r} on this broker: no topic "
                           f"{', '.join(absent)} (or this client may not describe it)")
