@@ -16,8 +16,7 @@ from typing import Any
 from broker_schema import DecodeError, FactsRecord, decode, topics
 from console.views import Row, row_of
 from fx_kafka.client import make_consumer
-from workload_sdk._kafka_io import read_topic
-from workload_sdk._logview import LogRecord, TopicView, WorkloadLog
+from fx_kafka.workload_log import LogRecord, TopicView, WorkloadLog, read_topic
 
 
 @dataclass

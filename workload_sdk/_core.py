@@ -55,6 +55,7 @@ from broker_schema.chunks import check_chunk, chunk_ref_of
 from broker_schema.refs import chunk_owner, ref_problem
 from broker_schema.signatures import answer_refusal
 from broker_schema.streams import OutRecord, SourceRecord
+from fx_kafka.workload_log import RefGap
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -65,7 +66,6 @@ from workload_sdk._api import (
     Workload,
     WorkloadError,
 )
-from workload_sdk._logview import RefGap
 
 Source = Literal["in", "resp"]
 

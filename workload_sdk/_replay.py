@@ -24,9 +24,9 @@ from broker_schema import (
 )
 from broker_schema.binding import claim_in_force
 from broker_schema.streams import OutRecord, SourceRecord
+from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._core import Applied, Core, Item
-from workload_sdk._logview import LogGap, RefGap, WorkloadLog
 
 __all__ = [
     "DiffReport",

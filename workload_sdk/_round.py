@@ -1,7 +1,7 @@
 """The lease holder's decisions, one round at a time: pure functions, no I/O.
 
 The live holder (:mod:`workload_sdk._holder`) and the test simulator
-(``tests/unit/workload_sdk/_sim.py``, from which the golden logs are generated) both call these,
+(``tests/unit/workload_sdk/sim.py``, from which the golden logs are generated) both call these,
 so what the golden logs show is what the holder does, not what a copy of it does; replay
 (:mod:`workload_sdk._replay`) drives the same :class:`~workload_sdk._core.Core`:
 

@@ -38,14 +38,20 @@ from broker_schema.records import ErrorCode, PassOverReason
 from broker_schema.refs import ref_problem
 from executor.core import Admit, ExecutorState, Ignore, Refuse, decide, error_response, ok_response
 from tests.unit.schema_strategies import records as valid_records
-from workload_sdk import EffectResult, InputEvent, Output, State, Workload, emit, infer
-from workload_sdk._core import (
+from workload_sdk import (
     Core,
+    EffectResult,
+    InputEvent,
     Item,
+    Output,
     Pending,
+    State,
+    Workload,
     choose_next,
     due_outcomes,
+    emit,
     holder_outcome,
+    infer,
     referenced_body,
 )
 

@@ -44,6 +44,7 @@ from broker_schema import (
 )
 from broker_schema.chunks import chunk_ref_of
 from broker_schema.streams import SourceRecord
+from fx_kafka.workload_log import LogRecord
 from workload_sdk import (
     EffectResult,
     InputEvent,
@@ -55,7 +56,6 @@ from workload_sdk import (
     infer,
 )
 from workload_sdk._core import Core, Item
-from workload_sdk._logview import LogRecord
 from workload_sdk._replay import missing_outputs, replay
 from workload_sdk._round import merge_batch, outcomes_due, tick_due
 
