@@ -62,9 +62,9 @@ from workload_sdk import (
     emit,
     infer,
     module_hash,
+    read_workload_log,
     replay,
 )
-from workload_sdk._kafka_io import read_workload_log
 
 MODEL = "sha256:" + "be" * 32
 TIMEOUT_S = 10.0

@@ -101,9 +101,7 @@ from broker_schema import (  # noqa: E402
 from fx_kafka.client import make_admin, make_consumer, make_producer  # noqa: E402
 from fx_kafka.local import LocalKafka  # noqa: E402
 from fx_kafka.security import child_env  # noqa: E402
-from workload_sdk import WorkloadLog  # noqa: E402
-from workload_sdk._api import body_of  # noqa: E402
-from workload_sdk._kafka_io import read_workload_log  # noqa: E402
+from workload_sdk import WorkloadLog, body_of, read_workload_log  # noqa: E402
 from workload_sdk.examples.filetype_gate import GATE_KIND  # noqa: E402
 from workload_sdk.testing import WorkloadHarness, fx_command  # noqa: E402
 

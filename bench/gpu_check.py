@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from fx_integer import _paths, artifact, fidelity
+from fx_integer import artifact, fidelity, model_paths
 from fx_integer.generation import GenRequest, generate_batch, to_host
 from fx_integer.oracle import RESID_LIMIT, FixedPointOverflow, KVCache, OracleOps, forward
 from fx_integer.sampling import SamplingParams
@@ -157,7 +157,7 @@ def synthetic_checks(cupy_ops: Callable[..., Any], cp: Any) -> dict[str, Any]:
 
 
 def load_model() -> tuple[artifact.Artifact, dict[str, Any]]:
-    path = Path(os.environ.get("FX_ARTIFACT", str(_paths.default_artifact_path())))
+    path = Path(os.environ.get("FX_ARTIFACT", str(model_paths.default_artifact_path())))
     expected = os.environ.get("FX_ARTIFACT_SHA256", FULL_MODEL_HASH).lower()
     try:
         art = artifact.load(path)

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_schema import FactsRecord, ResponseRecord, Signature, decode, encode, signatures
-from workload_sdk import WorkloadLog
-from workload_sdk._observe import check_signatures
+from workload_sdk import WorkloadLog, check_signatures
 
 #: A recorded log whose signed responses serve as the template (an executor's ``ok``).
 GOLDEN = (Path(__file__).resolve().parents[1] / "tests" / "unit" / "workload_sdk" / "golden"

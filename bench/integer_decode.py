@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fx_integer import _paths, artifact
+from fx_integer import artifact, model_paths
 from fx_integer.float_ref import FloatOps
 from fx_integer.generation import to_host
 from fx_integer.oracle import KVCache, Ops, OracleOps, forward
@@ -82,7 +82,7 @@ def main() -> int:
         ap.error("--tokens must be >= 2 and --repeat >= 1")
     blas = os.environ["OPENBLAS_NUM_THREADS"]
     threads = a.threads if a.threads is not None else (int(blas) if blas.isdigit() else 1)
-    art = artifact.load(_paths.ensure_artifact())
+    art = artifact.load(model_paths.ensure_artifact())
     tok = tokenizer_for(art.tokenizer)
     p = tok.encode(PROMPT)
     batch = [p, *[tok.encode(f"Story number {i}: {PROMPT}") for i in range(1, a.batch)]]

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fx_integer import _paths, artifact
+from fx_integer import artifact, model_paths
 from fx_integer.forward import KVCache, forward
 from fx_integer.int_kernel import NativeOps
 from fx_integer.llamacpp_ref import LlamaCppReference, available
@@ -47,8 +47,8 @@ def integer_rate(ops: NativeOps, prompt: list[int], n: int, batch: int) -> float
 
 
 def bench_model(model: str, *, tokens: int, threads: int, repeat: int) -> dict[str, Any]:
-    path = _paths.ensure_artifact(model)
-    gguf = _paths.locate_model_gguf(model)
+    path = model_paths.ensure_artifact(model)
+    gguf = model_paths.locate_model_gguf(model)
     art = artifact.load(path)
     ops = NativeOps(art, threads=threads)
     out: dict[str, Any] = {"model": model, "arch": art.config.arch, "threads": threads,

@@ -4,7 +4,7 @@
                                            [--no-llm] [--json]
 
 For each model a workload's log is built without a broker: the simulated lease holder of the
-unit tests (tests/unit/workload_sdk/_sim.py: the live holder's pure functions over an in-memory
+unit tests (tests/unit/workload_sdk/sim.py: the live holder's pure functions over an in-memory
 log, Kafka-style offsets and transaction gaps) merges real inputs, and each request is answered
 with the model's real output, computed here (magika through onnxruntime, 1 thread, as the executor
 runs it; the integer oracle through ``fx_integer``'s engine, greedy, its receipt in the response),
@@ -51,7 +51,7 @@ from broker_schema import (  # noqa: E402
     SpecRecord,
     decode,
 )
-from tests.unit.workload_sdk._sim import WID, Sim, sign  # noqa: E402
+from tests.unit.workload_sdk.sim import WID, Sim, sign  # noqa: E402
 from workload_sdk import (  # noqa: E402
     EffectResult,
     InputEvent,
@@ -187,9 +187,9 @@ PROMPTS = ["What is the capital of France?", "Name a colour of the sky.",
 
 def llm_case(n_prompts: int, max_tokens: int) -> dict[str, Any]:
     import fx_integer
-    from fx_integer import _paths
+    from fx_integer import model_paths
 
-    art = fx_integer.load_artifact(_paths.ensure_artifact())
+    art = fx_integer.load_artifact(model_paths.ensure_artifact())
     engine = fx_integer.engine_for(art, backend="oracle")
     prompts = [p.encode() for p in (PROMPTS * 4)[:n_prompts]]
     runs: dict[bytes, dict[str, Any]] = {}

@@ -3,7 +3,7 @@
 This package does no I/O and imports nothing else of the project.
 """
 
-from broker_schema import signatures, topics
+from broker_schema import signatures, streams, topics
 from broker_schema._errors import (
     DECODE_CODES,
     DecodeCode,
@@ -151,5 +151,6 @@ __all__ = [
     "request_hash",
     "sha256_hex",
     "signatures",
+    "streams",
     "topics",
 ]

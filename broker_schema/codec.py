@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from broker_schema import topics
+from broker_schema import streams
 from broker_schema._errors import DecodeError, EncodeError, RecordTooLarge
 from broker_schema.canonical import (
     canonical_json,
@@ -206,7 +206,7 @@ def _kind_of(obj: Any, topic: str | None) -> str:
                           f"{str(version)[:40]!r}; this decoder reads "
                           f"{sorted(SUPPORTED_VERSIONS[kind])}")
     if topic is not None:
-        allowed = topics.kinds_on(topic)
+        allowed = streams.kinds_on(topic)
         if allowed is not None and kind not in allowed:
             raise DecodeError("wrong_stream", f"a {kind} record does not belong on {topic[:249]} "
                               f"(it holds {', '.join(sorted(allowed))})")
@@ -223,7 +223,7 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
     header spells); ``not_canonical`` when the bytes are a valid record but not its canonical
     encoding (a record re-serialised on the way: what was hashed or signed is not what was read),
     unless ``strict=False``; and, given the ``topic`` the bytes were read from, ``wrong_stream``
-    for a kind that does not belong there (:func:`broker_schema.topics.kinds_on`), e.g. a claim
+    for a kind that does not belong there (:func:`broker_schema.streams.kinds_on`), e.g. a claim
     written to ``.out``.
     """
     if data is None:

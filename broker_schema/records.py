@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -83,33 +83,23 @@ ErrorCode = Literal[
     "internal",  # a bug; the message says more
 ]
 
-#: Whether reissuing a request that ended in this error can succeed (as data, not as classes).
-ERROR_RETRIABLE: dict[str, bool] = {
-    "model_unknown": True,
-    "model_hash_mismatch": True,
-    "model_unbound": False,
-    "kind_unbound": False,
-    "kind_unsupported": True,
-    "stale_epoch": False,
-    "deadline_passed": True,
-    "no_spec": True,
-    "shadow_unknown": False,
-    "input_missing": False,
-    "input_forbidden": False,
-    "input_hash_mismatch": False,
-    "input_invalid": False,
-    "params_invalid": False,
-    "engine_error": True,
-    "parity_gate_refused": True,  # another node, or this one once fixed, can serve it
-    "output_too_large": False,
-    "shutdown": True,
-    "guarantee_mismatch": False,
-    "duplicate_effect": False,
-    "device_unreachable": True,
-    "device_refused": False,
-    "readback_mismatch": False,
-    "internal": True,
-}
+#: The error codes after which reissuing the request can succeed (another node, or this one
+#: once fixed or restarted, may serve it); every other :data:`ErrorCode` is final.
+_RETRIABLE_CODES: frozenset[ErrorCode] = frozenset({
+    "model_unknown",
+    "model_hash_mismatch",
+    "kind_unsupported",
+    "deadline_passed",
+    "no_spec",
+    "engine_error",
+    "parity_gate_refused",
+    "shutdown",
+    "device_unreachable",
+    "internal",
+})
+#: Whether reissuing a request that ended in this error can succeed (as data, not as classes),
+#: for every :data:`ErrorCode` in its order.
+ERROR_RETRIABLE: dict[str, bool] = {code: code in _RETRIABLE_CODES for code in get_args(ErrorCode)}
 
 #: Why the lease holder passed over a response instead of merging it.
 PassOverReason = Literal[
@@ -984,27 +974,18 @@ Record = Annotated[
     Field(discriminator="kind"),
 ]
 
+
+
+def kind_of(model: type[BaseModel]) -> str:
+    """The ``kind`` a record class writes (its discriminator's one value)."""
+    kind = model.model_fields["kind"].default
+    assert isinstance(kind, str), model
+    return kind
+
+
+#: Record class by kind, in the order of :data:`Record` (the one list of record classes).
 RECORD_TYPES: dict[str, type[BaseModel]] = {
-    "input": InputRecord,
-    "spec": SpecRecord,
-    "claim": ClaimRecord,
-    "output": OutputRecord,
-    "request": EffectRequest,
-    "accepted": AcceptedRecord,
-    "response": ResponseRecord,
-    "merge": MergeEntry,
-    "snapshot": SnapshotRecord,
-    "tick": TickRecord,
-    "facts": FactsRecord,
-    "rejected": RejectedRecord,
-    "key_cert": KeyCertRecord,
-    "key_revoke": KeyRevokeRecord,
-    "shadow_eval": ShadowEvalRecord,
-    "shadow_report": ShadowReportRecord,
-    "alarm": AlarmRecord,
-    "alarm_ack": AlarmAckRecord,
-    "actuator_memory": ActuatorMemoryRecord,
-}
+    kind_of(model): model for model in get_args(get_args(Record)[0])}
 
 #: Schema versions each kind's decoder understands.
 SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {k: frozenset({1}) for k in RECORD_TYPES}

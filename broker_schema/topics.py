@@ -188,46 +188,6 @@ def all_topics(workload_id: str) -> list[str]:
     return [_topic(workload_id, s) for s in STREAMS]
 
 
-#: Which record kinds belong on each workload stream (docs/records.md, "Topics").
-STREAM_KINDS: dict[str, frozenset[str]] = {
-    "in": frozenset({"input"}),
-    "spec": frozenset({"spec"}),
-    "claims": frozenset({"claim"}),
-    "out": frozenset({"output", "request"}),
-    "resp": frozenset({"accepted", "response", "tick"}),
-    "merge": frozenset({"merge", "snapshot"}),
-}
-#: Which record kinds belong on each shadow evaluation stream.
-SHADOW_KINDS: dict[str, frozenset[str]] = {
-    "eval": frozenset({"shadow_eval", "shadow_report"}),
-    "out": frozenset({"request"}),
-    "resp": frozenset({"accepted", "response"}),
-}
-#: Which record kinds belong on the system topics that hold records.
-SYSTEM_KINDS: dict[str, frozenset[str]] = {
-    FACTS: frozenset({"facts"}),
-    REJECTS: frozenset({"rejected"}),
-    KEYS: frozenset({"key_cert", "key_revoke"}),
-    ALARMS: frozenset({"alarm", "alarm_ack"}),
-}
-
-
-def kinds_on(topic: str) -> frozenset[str] | None:
-    """The record kinds that belong on ``topic``; None when the topic is not one of ours."""
-    if topic in SYSTEM_KINDS:
-        return SYSTEM_KINDS[topic]
-    if topic.startswith(ACTUATOR_PREFIX):
-        return frozenset({"actuator_memory"})
-    try:
-        return STREAM_KINDS[parse(topic)[1]]
-    except ValueError:
-        pass
-    try:
-        return SHADOW_KINDS[parse_shadow(topic)[2]]
-    except ValueError:
-        return None
-
-
 def parse(topic: str) -> tuple[str, str]:
     """Split ``wl.<id>.<stream>`` into ``(workload_id, stream)``; ``ValueError`` otherwise."""
     parts = topic.split(".")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -36,8 +37,8 @@ from broker_schema import DecodeError, FactsRecord, ResponseRecord, decode, sign
 from console import views
 from console.store import Cluster
 from console.views import BadInput, NotFound
-from workload_sdk._logview import LogGap
-from workload_sdk._why import why
+from fx_kafka.workload_log import LogGap
+from workload_sdk import why
 
 HERE = Path(__file__).resolve().parent
 
@@ -249,8 +250,7 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
     @app.post("/w/{wid}/receipts/{offset}/verify", response_class=HTMLResponse)
     async def verify(request: Request, wid: str, offset: str) -> HTMLResponse:
         from executor.engines.integer import ENGINE
-        from executor.verify_workload import WorkloadLog as VerifyLog
-        from executor.verify_workload import artifact_resolver, verify_records
+        from executor.verify_workload import ReceiptLog, artifact_resolver, verify_records
 
         off = views.parse_offset(offset)
         cached = await workload(wid)
@@ -258,19 +258,7 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         chosen = [(o, r) for o, r in responses if o == off]
         if not chosen:
             raise NotFound(f"no response at {cached.log['resp'].topic} offset {off}")
-        requests: dict[int, Any] = {}
-        for rec in cached.log["out"]:
-            try:
-                r = decode(rec.value)
-            except DecodeError:
-                continue
-            if r.kind == "request":
-                requests[rec.offset] = r
-        facts = {f.node_id: f for f in cached.log.facts if isinstance(f, FactsRecord)}
-        # the chosen response alone is checked and re-executed (the others would be re-executed
-        # too); its link to the node's previous receipt is a note there ("chain gap"), and the
-        # chain of every receipt on this workload is the table below
-        vlog = VerifyLog(cached.log.workload_id, chosen, requests, facts)
+        vlog = dataclasses.replace(ReceiptLog.of(cached.log), responses=chosen, undecodable=0)
         resolve = artifact_resolver(artifact=artifact, store=store)
         t0 = time.monotonic()
         async with verify_lock:  # one re-execution at a time on this machine

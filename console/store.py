@@ -16,8 +16,7 @@ from typing import Any
 from broker_schema import DecodeError, FactsRecord, decode, topics
 from console.views import Row, row_of
 from fx_kafka.client import make_consumer
-from workload_sdk._kafka_io import read_topic
-from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
+from fx_kafka.workload_log import LogRecord, TopicView, WorkloadLog, read_topic
 
 
 @dataclass
@@ -109,7 +108,7 @@ class Cluster:
     async def _extend(self, cached: CachedWorkload) -> None:
         log = cached.log
         names = await self.topic_names()
-        wanted = [s for s in STREAMS if topics.stream(log.workload_id, s) in names]
+        wanted = [s for s in topics.STREAMS if topics.stream(log.workload_id, s) in names]
         views = await asyncio.gather(*(read_topic(self.bootstrap, log[s].topic,
                                                   start=log[s].end) for s in wanted))
         new: list[Row] = []

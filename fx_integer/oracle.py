@@ -1,7 +1,7 @@
 """The numpy integer oracle: the canonical verifier of the integer engine.
 
 The forward pass (:func:`forward`) is written once over an ``Ops`` object; :class:`OracleOps`
-implements every operation in int64 fixed point (see ``_fixed``), the kernel backends implement
+implements every operation in int64 fixed point (see ``fixed_point``), the kernel backends implement
 the same operations with the CUDA sources in ``kernels/`` and the float reference
 (``float_ref.FloatOps``) with float32. Everything except :class:`OracleOps` is a producer that
 the parity tests hold byte-identical to it.
@@ -36,7 +36,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from . import _fixed as fx
+from . import fixed_point as fx
 from .artifact import Artifact, QWeight
 from .forward import KVCache, Ops, build_matrices, forward
 
@@ -371,7 +371,7 @@ def swiglu(g: I64, u: I64) -> I64:
 
 
 def geglu(g: I64, u: I64) -> I64:
-    """gelu_tanh(g) * u in Q.16 (:func:`~fx_integer._fixed.gelu_tanh_q16`)."""
+    """gelu_tanh(g) * u in Q.16 (:func:`~fx_integer.fixed_point.gelu_tanh_q16`)."""
     check_bound("ffn gate", int(np.abs(g).max()), SWIGLU_LIMIT)
     check_bound("ffn up", int(np.abs(u).max()), SWIGLU_LIMIT)
     return fx.rshift_round(fx.gelu_tanh_q16(g) * u, 16)

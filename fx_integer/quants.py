@@ -26,7 +26,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ._fixed import f16_bits_to_q24
+from .fixed_point import f16_bits_to_q24
 
 I64 = npt.NDArray[np.int64]
 I16 = npt.NDArray[np.int16]

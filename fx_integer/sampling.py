@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from . import _fixed as fx
+from . import fixed_point as fx
 
 _M64: Final = (1 << 64) - 1
 MAX_TOP_K: Final = 49152

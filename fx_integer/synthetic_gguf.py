@@ -102,7 +102,7 @@ class _Source:
         from gguf import GGUFReader
         from gguf.quants import dequantize
 
-        from ._paths import locate_gguf
+        from .model_paths import locate_gguf
 
         r = GGUFReader(str(locate_gguf()))
         f = r.fields

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from . import _paths
+from . import model_paths
 from .artifact import ArtifactError
 from .engine import IntegerEngine, ParamError, reexecute_receipt
 from .receipt import (
@@ -251,7 +251,8 @@ def verify(receipt: dict[str, Any], *, artifact_path: str | os.PathLike[str] | N
            for r in reasons):
         return VerifyResult(ok=False, reasons=reasons, checks=passed)
     if reexecute:
-        path = Path(artifact_path) if artifact_path is not None else _paths.default_artifact_path()
+        path = (Path(artifact_path) if artifact_path is not None
+                else model_paths.default_artifact_path())
         if backend is None:
             from .int_kernel import verifier_backend
 

@@ -30,18 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
-import string
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -53,16 +47,42 @@ from fx_kafka.errors import (
     BrokerNotReadyError,
     BrokerStartError,
     FetchError,
-    JavaNotFoundError,
-    PortInUseError,
+)
+from fx_kafka.local_process import (
+    NodeProcesses,
+    check_java,
+    find_java,
+    java_major_version,
+    log_tail,
+    pick_free_ports,
+    pid_alive,
+    port_bindable,
+    port_open,
+    port_owner,
 )
 from fx_kafka.local_security import ADMIN_USER, DEFAULT_USERS, LocalSecrets, check_user_name
-from fx_kafka.replication import default_for
+from fx_kafka.local_state import (
+    BrokerState,
+    BrokerStatus,
+    NodeFiles,
+    NodeState,
+    bootstrap_of,
+    read_state,
+    write_state,
+)
+from fx_kafka.local_storage import (
+    SECURE_FRAGMENT,
+    LocalStorage,
+    StartPlan,
+    merge_properties,
+    render_server_properties,
+)
 from fx_kafka.security import ClientSecurity
 
 __all__ = [
     "DEFAULT_HEAP",
     "DEFAULT_KAFKA_VERSION",
+    "SECURE_FRAGMENT",
     "BrokerState",
     "BrokerStatus",
     "LocalKafka",
@@ -88,10 +108,6 @@ log = logging.getLogger(__name__)
 #: Must equal <kafka.version> in deploy/local-kafka/pom.xml (a unit test checks).
 DEFAULT_KAFKA_VERSION = "4.1.1"
 DEFAULT_HEAP = "512m"
-#: The security lines of a secured broker, merged into the rendered template.
-SECURE_FRAGMENT = "server-secure.properties.fragment"
-MIN_JAVA = 17
-HOST = "127.0.0.1"
 
 
 def deploy_dir() -> Path:
@@ -106,326 +122,6 @@ def default_cache_dir() -> Path:
     """``$FX_CACHE_DIR`` or ``~/.cache/ninelives-fx`` (the same rule as fetch.sh)."""
     env = os.environ.get("FX_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "ninelives-fx"
-
-
-def render_server_properties(
-    template: str,
-    *,
-    port: int,
-    controller_port: int,
-    log_dir: Path | str,
-    node_id: int = 1,
-    voters: dict[int, int] | None = None,
-) -> str:
-    """Fill the template's placeholders; a placeholder left unfilled raises ``KeyError``.
-
-    ``voters`` (node id -> controller port) makes the node one voter of a static quorum of that
-    many nodes, with the internal topics replicated ``min(3, nodes)`` times and a min ISR of 2
-    from 3 nodes on. Without it the node is a one-node dynamic quorum (format ``--standalone``).
-    """
-    if port == controller_port:
-        raise ValueError("the broker and controller ports must differ")
-    if voters:
-        if voters.get(node_id) != controller_port:
-            raise ValueError(f"node {node_id} must be a voter on its controller port")
-        quorum = "controller.quorum.voters=" + ",".join(
-            f"{nid}@{HOST}:{cport}" for nid, cport in sorted(voters.items())
-        )
-        replication, min_isr = default_for(len(voters))
-    else:
-        quorum = f"controller.quorum.bootstrap.servers={HOST}:{controller_port}"
-        replication, min_isr = 1, 1
-    return string.Template(template).substitute(
-        port=port,
-        controller_port=controller_port,
-        log_dir=str(log_dir),
-        node_id=node_id,
-        quorum=quorum,
-        replication_factor=replication,
-        min_isr=min_isr,
-    )
-
-
-def merge_properties(base: str, overrides: str) -> str:
-    """``base`` (a ``.properties`` text) with every line whose key ``overrides`` sets removed,
-    then ``overrides`` appended: one line per key, the override's."""
-    def key_of(line: str) -> str | None:
-        stripped = line.strip()
-        if not stripped or stripped.startswith(("#", "!")) or "=" not in stripped:
-            return None
-        return stripped.split("=", 1)[0].strip()
-
-    replaced = {k for k in map(key_of, overrides.splitlines()) if k}
-    kept = [line for line in base.splitlines() if key_of(line) not in replaced]
-    return "\n".join(kept).rstrip("\n") + "\n\n" + overrides.rstrip("\n") + "\n"
-
-
-def pick_free_ports(n: int = 2, host: str = HOST) -> list[int]:
-    """``n`` distinct ports that are free on ``host`` right now (the OS picks them).
-
-    All sockets stay bound until every port is chosen, so the ports differ. Another process may
-    still take one before the broker binds it; the broker then fails fast and start() says so.
-    """
-    with contextlib.ExitStack() as stack:
-        ports: list[int] = []
-        for _ in range(n):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
-
-
-def port_open(port: int, host: str = HOST, timeout: float = 0.25) -> bool:
-    """Whether something accepts TCP connections on ``host:port``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def port_bindable(port: int, host: str = HOST) -> bool:
-    """Whether a listener could bind ``host:port`` now, with ``SO_REUSEADDR`` as the JVM binds:
-    connections of a stopped broker left in TIME_WAIT do not count, another listener does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def port_owner(port: int) -> str | None:
-    """``"pid N (command)"`` of the process listening on TCP ``port`` (Linux ``/proc``), or None
-    when it cannot be told (not Linux, or the process belongs to another user)."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            listening = len(fields) > 9 and fields[3] == "0A"  # TCP_LISTEN
-            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    if not inodes:
-        return None
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fds = list((proc / "fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target in wanted:
-                cmd = _cmdline(int(proc.name)) or []
-                return f"pid {proc.name} ({' '.join(c for c in cmd if c)[:200]})"
-    return None
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """One node of a local broker: its id, pid (None when not running) and ports."""
-
-    node_id: int
-    pid: int | None
-    port: int
-    controller_port: int
-
-
-@dataclass(frozen=True)
-class BrokerState:
-    """What ``data_dir/state.json`` records about the broker started from that dir.
-
-    ``pid`` is None once the broker was stopped (ports and cluster id stay, so a restart reuses
-    the formatted storage). ``pid``, ``port`` and ``controller_port`` are node 1's; ``nodes`` lists
-    every node of a cluster (empty in state files of a one-node broker written before clusters).
-    ``bootstrap`` names every node's listener, comma-separated.
-    """
-
-    pid: int | None
-    bootstrap: str
-    port: int
-    controller_port: int
-    version: str
-    cluster_id: str
-    started_at: float
-    start_seconds: float
-    nodes: tuple[NodeState, ...] = ()
-    #: SASL_SSL + ACLs (``fx broker start --secure``); credentials in ``data_dir/security``
-    secure: bool = False
-
-    def node_states(self) -> tuple[NodeState, ...]:
-        """Every node (one, synthesised from the top-level fields, for an old one-node file)."""
-        return self.nodes or (NodeState(1, self.pid, self.port, self.controller_port),)
-
-
-def write_state(path: Path, state: BrokerState) -> None:
-    """Write ``state`` as JSON, atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def read_state(path: Path) -> BrokerState | None:
-    """The state in ``path``; None if there is none or it cannot be read."""
-    try:
-        raw = json.loads(path.read_text())
-        raw["nodes"] = tuple(NodeState(**node) for node in raw.get("nodes", ()))
-        return BrokerState(**raw)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-@dataclass(frozen=True)
-class BrokerStatus:
-    """The answer of :meth:`LocalKafka.status`: ``running`` when any node runs; ``alive`` and
-    ``stopped`` name the node ids that run and that do not (a one-node broker is node 1)."""
-
-    running: bool
-    bootstrap: str | None
-    pid: int | None
-    data_dir: Path
-    alive: tuple[int, ...] = ()
-    stopped: tuple[int, ...] = ()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.decode(errors="replace").split("\0")
-
-
-def java_major_version(java: str) -> int:
-    """The major version of ``java`` (8 for ``1.8.0_x``); JavaNotFoundError if it won't run."""
-    try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise JavaNotFoundError(f"cannot run {java!r}: {exc}") from exc
-    text = out.stderr + out.stdout
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if out.returncode != 0 or match is None:
-        raise JavaNotFoundError(f"{java!r} -version failed: {text.strip()[:500]}")
-    major = int(match.group(1))
-    if major == 1 and match.group(2):
-        major = int(match.group(2))
-    return major
-
-
-def check_java(java: str) -> str:
-    """``java`` if it runs and is Java 17 or newer, else JavaNotFoundError."""
-    major = java_major_version(java)
-    if major < MIN_JAVA:
-        raise JavaNotFoundError(f"{java} is Java {major}; the Kafka 4.x broker needs {MIN_JAVA}+")
-    return java
-
-
-def find_java() -> str:
-    """``$JAVA_HOME/bin/java``, else ``java`` on PATH, checked to be Java 17 or newer."""
-    candidates: list[str] = []
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        candidates.append(str(Path(java_home) / "bin" / "java"))
-    on_path = shutil.which("java")
-    if on_path:
-        candidates.append(on_path)
-    if not candidates:
-        raise JavaNotFoundError(
-            f"no java found (JAVA_HOME unset and no java on PATH); Kafka needs Java {MIN_JAVA}+"
-        )
-    return check_java(candidates[0])
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64 * 1024))
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-@dataclass(frozen=True)
-class _NodeFiles:
-    """Where one node's files live (the data dir itself for a one-node broker)."""
-
-    node_id: int
-    root: Path
-
-    @property
-    def log_dir(self) -> Path:
-        return self.root / "kraft"
-
-    @property
-    def properties(self) -> Path:
-        return self.root / "server.properties"
-
-    @property
-    def broker_log(self) -> Path:
-        return self.root / "broker.log"
-
-    @property
-    def stdout_log(self) -> Path:
-        return self.root / "stdout.log"
-
-    def formatted(self) -> bool:
-        return (self.log_dir / "meta.properties").exists()
-
-    def holds_files(self) -> bool:
-        return self.log_dir.is_dir() and any(self.log_dir.iterdir())
-
-
-@dataclass
-class _Plan:
-    java: str
-    cluster_id: str
-    nodes: list[NodeState]
-    t0: float
-    reused: bool
-    #: users that got a password after the storage was formatted: added once the broker runs
-    new_users: list[str] = dataclasses.field(default_factory=list)
-
-
-def _bootstrap_of(nodes: list[NodeState] | tuple[NodeState, ...]) -> str:
-    return ",".join(f"{HOST}:{n.port}" for n in nodes)
 
 
 class LocalKafka:
@@ -474,8 +170,15 @@ class LocalKafka:
         self.nodes = nodes
         self.last_fetch_seconds: float | None = None
         self.last_start_seconds: float | None = None
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._bootstrap: str | None = None
+        #: the node processes and Kafka's tools
+        self.processes = NodeProcesses(data_dir=self.data_dir, deploy=self.deploy,
+                                       lib_dir=self.lib_dir, heap=heap,
+                                       die_with_parent=die_with_parent)
+        #: the storage: node files, configs, ``state.json``, formatting
+        self.storage = LocalStorage(data_dir=self.data_dir, nodes=nodes, version=version,
+                                    deploy=self.deploy, users=self.users,
+                                    secrets=self.secrets, processes=self.processes)
 
     def __repr__(self) -> str:
         return (f"LocalKafka(version={self.version!r}, data_dir={str(self.data_dir)!r}, "
@@ -504,10 +207,8 @@ class LocalKafka:
         return self.secure or (state is not None and state.secure)
 
     # -- paths -----------------------------------------------------------------------------------
-    def _files(self, node_id: int, count: int | None = None) -> _NodeFiles:
-        count = self.nodes if count is None else count
-        root = self.data_dir if count == 1 else self.data_dir / f"node-{node_id}"
-        return _NodeFiles(node_id, root)
+    def _files(self, node_id: int, count: int | None = None) -> NodeFiles:
+        return self.storage.files(node_id, count)
 
     @property
     def lib_dir(self) -> Path:
@@ -577,23 +278,10 @@ class LocalKafka:
         return elapsed
 
     # -- status ----------------------------------------------------------------------------------
-    def _owns(self, pid: int, files: _NodeFiles | None = None) -> bool:
-        """Whether ``pid`` is a live node started from this data dir (guards pid reuse)."""
-        files = files or self._files(1)
-        proc = self._procs.get(files.node_id)
-        if proc is not None and proc.pid == pid and proc.poll() is not None:
-            return False
-        if not pid_alive(pid):
-            return False
-        cmd = _cmdline(pid)
-        if cmd is None:
-            return True  # no /proc: trust the pid
-        return "kafka.Kafka" in cmd and str(files.properties) in cmd
-
     def _alive(self, state: BrokerState) -> list[NodeState]:
         nodes = state.node_states()
-        return [n for n in nodes
-                if n.pid is not None and self._owns(n.pid, self._files(n.node_id, len(nodes)))]
+        return [n for n in nodes if n.pid is not None
+                and self.processes.owns(n.pid, self._files(n.node_id, len(nodes)))]
 
     def status(self) -> BrokerStatus:
         """Running or not, with bootstrap and pid, from ``state.json`` and the process table."""
@@ -608,24 +296,7 @@ class LocalKafka:
         return BrokerStatus(True, state.bootstrap, alive[0].pid, self.data_dir, ids, stopped)
 
     # -- start -----------------------------------------------------------------------------------
-    def _check_ports_free(self, nodes: list[NodeState]) -> None:
-        for node in nodes:
-            for what, port in (("listener", node.port), ("controller", node.controller_port)):
-                if port_bindable(port):
-                    continue
-                owner = port_owner(port)
-                raise PortInUseError(
-                    f"port {port} ({'node ' + str(node.node_id) + ' ' if self.nodes > 1 else ''}"
-                    f"{what}, recorded in {self.state_file}) is in use by "
-                    f"{owner or 'another process'}. The data in {self.data_dir} is kept and "
-                    "needs this port: stop that process and start again, or delete the data "
-                    f"with `fx broker reset --data-dir {self.data_dir}` to start afresh on new "
-                    "ports",
-                    port=port,
-                    owner=owner,
-                )
-
-    def _prepare(self) -> _Plan:
+    def _prepare(self) -> StartPlan:
         t0 = time.perf_counter()
         current = self.status()
         if current.running:
@@ -645,150 +316,16 @@ class LocalKafka:
         self.fetch()
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
-        previous = read_state(self.state_file)
-        files = [self._files(i) for i in range(1, self.nodes + 1)]
-        if previous is not None:
-            count = len(previous.node_states())
-            if count != self.nodes:
-                raise BrokerStartError(
-                    f"{self.data_dir} holds a {count}-node broker; start it with --nodes {count} "
-                    f"(or delete its data with `fx broker reset --data-dir {self.data_dir}`)")
-        formatted = [f for f in files if f.formatted()]
-        if formatted:
-            if previous is None:
-                raise BrokerStartError(
-                    f"{formatted[0].log_dir} holds Kafka data but {self.state_file} is missing "
-                    "or unreadable, so its ports and cluster id are unknown. Nothing was "
-                    f"deleted; `fx broker reset --data-dir {self.data_dir}` removes the data")
-            if previous.version != self.version:
-                raise BrokerStartError(
-                    f"{self.data_dir} holds data of Kafka {previous.version}, not {self.version}: "
-                    f"start it with --version {previous.version}")
-            if len(formatted) != len(files):
-                missing = [f.node_id for f in files if not f.formatted()]
-                raise BrokerStartError(
-                    f"node(s) {missing} of {self.data_dir} have no formatted storage while the "
-                    "others have: nothing was deleted; restore them or `fx broker reset`")
-            if previous.secure != self.secure:
-                if not previous.secure:
-                    raise BrokerStartError(
-                        f"{self.data_dir} was formatted without --secure: its SCRAM credentials "
-                        "are written at format time, so it cannot become secured in place; "
-                        f"`fx broker reset --data-dir {self.data_dir}` and start again with "
-                        "--secure")
-                log.info("%s was formatted secured: starting it secured", self.data_dir)
-                self.secure = True
-            nodes = list(previous.node_states())
-            self._check_ports_free(nodes)
-            new_users = self.secrets.ensure(self.users) if self.secure else []
-            log.info("reusing the storage in %s (cluster %s, ports %s)", self.data_dir,
-                     previous.cluster_id, ", ".join(str(n.port) for n in nodes))
-            self._render(files, nodes)
-            return _Plan(java, previous.cluster_id, nodes, t0, reused=True, new_users=new_users)
-
-        for f in files:
-            if f.holds_files():
-                raise BrokerStartError(
-                    f"{f.log_dir} holds files but no meta.properties (not a formatted Kafka log "
-                    f"dir): nothing was deleted; `fx broker reset --data-dir {self.data_dir}` "
-                    "removes it")
-        ports = pick_free_ports(2 * self.nodes)
-        nodes = [NodeState(i + 1, None, ports[2 * i], ports[2 * i + 1])
-                 for i in range(self.nodes)]
-        scram: list[str] = []
-        if self.secure:
-            self.secrets.ensure(self.users)
-            scram = self.secrets.scram_args()
-        self._render(files, nodes)
-        cluster_id = self._storage_tool(java, "random-uuid").strip().splitlines()[-1]
-        for f in files:
-            extra = ("--standalone",) if self.nodes == 1 else ()
-            self._storage_tool(java, "format", *extra, "-t", cluster_id, "-c", str(f.properties),
-                               *scram)
-        # recorded before the first launch: a start that fails after formatting is resumed by the
-        # next start on the same ports, never formatted again
-        self._write_state(cluster_id, nodes, t0, started=False)
-        return _Plan(java, cluster_id, nodes, t0, reused=False)
-
-    def _render(self, files: list[_NodeFiles], nodes: list[NodeState]) -> None:
-        template = (self.deploy / "server.properties.template").read_text()
-        fragment = (self.deploy / SECURE_FRAGMENT).read_text() if self.secure else None
-        voters = {n.node_id: n.controller_port for n in nodes} if len(nodes) > 1 else None
-        for f, node in zip(files, nodes, strict=True):
-            f.root.mkdir(parents=True, exist_ok=True)
-            text = render_server_properties(
-                template, port=node.port, controller_port=node.controller_port,
-                log_dir=f.log_dir, node_id=node.node_id, voters=voters)
-            if fragment is None:
-                f.properties.write_text(text)
-                continue
-            sec = self.secrets
-            text = merge_properties(text, string.Template(fragment).substitute(
-                port=node.port, controller_port=node.controller_port, admin_user=ADMIN_USER,
-                admin_password=sec.password(ADMIN_USER), keystore=sec.keystore,
-                truststore=sec.ca_cert))
-            # it holds the broker's password: readable by its owner only
-            fd = os.open(f.properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            os.chmod(f.properties, 0o600)
-        if self.secure:
-            # the metadata log holds the SCRAM credentials (salted), the configs a password
-            os.chmod(self.data_dir, 0o700)
-            self.secrets.write_env_files(_bootstrap_of(nodes))
-            self.secrets.write_client_properties()
-
-    def _java_base(self, java: str, logs: Path | None = None) -> list[str]:
-        return [
-            java,
-            f"-Dlog4j2.configurationFile={self.deploy / 'log4j2.properties'}",
-            f"-Dkafka.logs.dir={logs or self.data_dir}",
-            "-cp",
-            f"{self.lib_dir}/*",
-        ]
-
-    def _storage_tool(self, java: str, *args: str) -> str:
-        cmd = [*self._java_base(java), "kafka.tools.StorageTool", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
-        if out.returncode != 0:
-            raise BrokerStartError(
-                f"StorageTool {args[0]} failed (exit {out.returncode})",
-                log_tail=(out.stdout + out.stderr).strip()[-4000:],
-            )
-        return out.stdout
-
-    def _launch(self, java: str, files: _NodeFiles) -> subprocess.Popen[bytes]:
-        cmd = [
-            java,
-            f"-Xms{self.heap}",
-            f"-Xmx{self.heap}",
-            "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
-            *self._java_base(java, files.root)[1:],
-            "kafka.Kafka",
-            str(files.properties),
-        ]
-        preexec = _die_with_parent if self.die_with_parent and sys.platform == "linux" else None
-        with files.stdout_log.open("ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=files.root,
-                start_new_session=True,
-                preexec_fn=preexec,  # only prctl(2); safe between fork and exec
-            )
-        self._procs[files.node_id] = proc
-        log.debug("started kafka.Kafka node %d pid %d", files.node_id, proc.pid)
-        return proc
+        plan = self.storage.plan(java, t0, secure=self.secure)
+        self.secure = plan.secure
+        return plan
 
     def _log_tail(self, node_ids: list[int] | None = None) -> str:
         parts = []
         for node_id in node_ids or [1]:
             f = self._files(node_id)
             for path in (f.stdout_log, f.broker_log):
-                tail = _tail(path)
+                tail = log_tail(path)
                 if tail:
                     parts.append(f"[{path}]\n{tail}")
         return "\n".join(parts)
@@ -807,33 +344,13 @@ class LocalKafka:
               node_ids: list[int] | None = None) -> BrokerStartError:
         tail = self._log_tail(node_ids or sorted(procs))
         for proc in procs.values():
-            self._kill(proc.pid, timeout=5.0)
+            self.processes.kill(proc.pid, timeout=5.0)
         return BrokerStartError(message, log_tail=tail)
 
-    def _write_state(self, cluster_id: str, nodes: list[NodeState], t0: float,
-                     started: bool = True) -> None:
-        first = nodes[0]
-        secure = self.secure
-        write_state(
-            self.state_file,
-            BrokerState(
-                pid=first.pid,
-                bootstrap=_bootstrap_of(nodes),
-                port=first.port,
-                controller_port=first.controller_port,
-                version=self.version,
-                cluster_id=cluster_id,
-                started_at=time.time(),
-                start_seconds=round(time.perf_counter() - t0, 3) if started else 0.0,
-                nodes=tuple(nodes),
-                secure=secure,
-            ),
-        )
-
-    def _finish(self, plan: _Plan, procs: dict[int, subprocess.Popen[bytes]]) -> str:
+    def _finish(self, plan: StartPlan, procs: dict[int, subprocess.Popen[bytes]]) -> str:
         nodes = [dataclasses.replace(n, pid=procs[n.node_id].pid) for n in plan.nodes]
-        self._write_state(plan.cluster_id, nodes, plan.t0)
-        bootstrap = _bootstrap_of(nodes)
+        self.storage.write_state(plan.cluster_id, nodes, plan.t0, secure=self.secure)
+        bootstrap = bootstrap_of(nodes)
         elapsed = time.perf_counter() - plan.t0
         self._bootstrap = bootstrap
         self.last_start_seconds = elapsed
@@ -842,8 +359,9 @@ class LocalKafka:
                  " (storage reused)" if plan.reused else "")
         return bootstrap
 
-    def _launch_all(self, plan: _Plan) -> dict[int, subprocess.Popen[bytes]]:
-        return {n.node_id: self._launch(plan.java, self._files(n.node_id)) for n in plan.nodes}
+    def _launch_all(self, plan: StartPlan) -> dict[int, subprocess.Popen[bytes]]:
+        return {n.node_id: self.processes.launch(plan.java, self._files(n.node_id))
+                for n in plan.nodes}
 
     def start(self, timeout: float = 90.0) -> str:
         """Fetch if needed, format storage on a first start (reuse it after), start every node,
@@ -859,7 +377,7 @@ class LocalKafka:
                 if time.monotonic() > deadline:
                     raise self._fail(procs, f"port {node.port} not open after {timeout:.0f} s")
                 time.sleep(0.1)
-        bootstrap = _bootstrap_of(plan.nodes)
+        bootstrap = bootstrap_of(plan.nodes)
         remaining = max(1.0, deadline - time.monotonic())
         try:
             run_sync(lambda: self._wait_cluster(bootstrap, remaining))
@@ -878,14 +396,14 @@ class LocalKafka:
             await wait_brokers(bootstrap, self.nodes, max(1.0, deadline - loop.time()),
                                security=security)
 
-    def _add_users(self, plan: _Plan, bootstrap: str) -> None:
+    def _add_users(self, plan: StartPlan, bootstrap: str) -> None:
         """SCRAM credentials for users that got a password after the format (a restart with
         new ``users``), through the admin API (``kafka.admin.ConfigCommand``)."""
         if not plan.new_users:
             return
         config = self.secrets.client_properties(ADMIN_USER)
         for user in plan.new_users:
-            cmd = [*self._java_base(plan.java), "kafka.admin.ConfigCommand",
+            cmd = [*self.processes.java_base(plan.java), "kafka.admin.ConfigCommand",
                    "--bootstrap-server", bootstrap, "--command-config", str(config),
                    "--alter", "--entity-type", "users", "--entity-name", user,
                    "--add-config", f"SCRAM-SHA-512=[password={self.secrets.password(user)}]"]
@@ -913,11 +431,11 @@ class LocalKafka:
                     )
                 await asyncio.sleep(0.1)
         try:
-            await self._wait_cluster(_bootstrap_of(plan.nodes), max(1.0, deadline - loop.time()))
+            await self._wait_cluster(bootstrap_of(plan.nodes), max(1.0, deadline - loop.time()))
         except BrokerNotReadyError as exc:
             raise await asyncio.to_thread(self._fail, procs, str(exc)) from exc
         self._check_alive(procs)
-        await asyncio.to_thread(self._add_users, plan, _bootstrap_of(plan.nodes))
+        await asyncio.to_thread(self._add_users, plan, bootstrap_of(plan.nodes))
         return self._finish(plan, procs)
 
     # -- one node of a cluster (fault tests) ----------------------------------------------------
@@ -947,7 +465,7 @@ class LocalKafka:
             raise RuntimeError(f"node {node_id} of {self!r} is not running")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        if not self._wait_gone(pid, 30.0, node_id):
+        if not self.processes.wait_gone(pid, 30.0, node_id):
             raise RuntimeError(f"node {node_id} (pid {pid}) still runs after signal {sig}")
         self._set_pid(node_id, None)
         log.info("node %d (pid %d) of %s ended by signal %d", node_id, pid, self.data_dir, sig)
@@ -963,9 +481,9 @@ class LocalKafka:
             raise BrokerAlreadyRunningError(f"node {node_id} already runs",
                                             bootstrap=state.bootstrap, pid=running)
         node = next(n for n in state.node_states() if n.node_id == node_id)
-        self._check_ports_free([node])
+        self.storage.check_ports_free([node])
         java = check_java(self.java) if self.java else find_java()
-        proc = self._launch(java, self._files(node_id, len(state.node_states())))
+        proc = self.processes.launch(java, self._files(node_id, len(state.node_states())))
         procs = {node_id: proc}
         deadline = time.monotonic() + timeout
         while not port_open(node.port):
@@ -985,34 +503,6 @@ class LocalKafka:
         return proc.pid
 
     # -- stop ------------------------------------------------------------------------------------
-    def _wait_gone(self, pid: int, timeout: float, node_id: int | None = None) -> bool:
-        deadline = time.monotonic() + timeout
-        proc = None
-        for candidate in self._procs.values():
-            if candidate.pid == pid:
-                proc = candidate
-        while True:
-            if proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.1)
-                if proc.poll() is not None:
-                    return True
-            elif not pid_alive(pid):
-                return True
-            else:
-                time.sleep(0.1)
-            if time.monotonic() > deadline:
-                return False
-
-    def _kill(self, pid: int, timeout: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, timeout):
-            log.warning("broker pid %d ignored SIGTERM for %.0f s; sending SIGKILL", pid, timeout)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._wait_gone(pid, 10.0)
-
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop every node by the pids in ``state.json``: SIGTERM to all, wait up to ``timeout``
         s, then SIGKILL. The data stays. Returns whether a running node was stopped."""
@@ -1028,14 +518,14 @@ class LocalKafka:
                 os.kill(node.pid, signal.SIGTERM)
         for node in alive:
             assert node.pid is not None
-            self._kill(node.pid, max(1.0, timeout - (time.perf_counter() - t0)))
+            self.processes.kill(node.pid, max(1.0, timeout - (time.perf_counter() - t0)))
         if alive:
             log.info("stopped Kafka (%s) in %.1f s",
                      ", ".join(f"pid {n.pid}" for n in alive), time.perf_counter() - t0)
         nodes = tuple(dataclasses.replace(n, pid=None) for n in state.node_states())
         write_state(self.state_file, dataclasses.replace(
             state, pid=None, nodes=nodes if state.nodes else ()))
-        self._procs.clear()
+        self.processes.procs.clear()
         return bool(alive)
 
     async def astop(self, timeout: float = 30.0) -> bool:
@@ -1057,7 +547,7 @@ class LocalKafka:
         removed: list[Path] = []
         roots = {self._files(i, count).root for i in range(1, count + 1)} | {self.data_dir}
         for root in sorted(roots):
-            f = _NodeFiles(0, root)
+            f = NodeFiles(0, root)
             for path in (f.log_dir, f.properties, f.broker_log, f.stdout_log):
                 if path.is_dir():
                     shutil.rmtree(path)

@@ -66,15 +66,13 @@ from fx_kafka.client import (
 from fx_kafka.errors import BrokerError, FetchError, MirrorError
 from fx_kafka.local import (
     DEFAULT_KAFKA_VERSION,
-    _cmdline,
-    _die_with_parent,
-    _tail,
     check_java,
     default_cache_dir,
     deploy_dir,
     find_java,
     pid_alive,
 )
+from fx_kafka.local_process import cmdline, die_with_parent, log_tail
 from fx_kafka.replication import default_for
 
 __all__ = [
@@ -582,8 +580,8 @@ class Mirror:
         return root / "lib", root / "mirror"
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(t for t in (_tail(self.stdout_log, lines), _tail(self.log_file, lines))
-                         if t)
+        tails = (log_tail(self.stdout_log, lines), log_tail(self.log_file, lines))
+        return "\n".join(t for t in tails if t)
 
     # -- process -----------------------------------------------------------------------------
     def _owns(self, pid: int) -> bool:
@@ -591,7 +589,7 @@ class Mirror:
             return False
         if not pid_alive(pid):
             return False
-        cmd = _cmdline(pid)
+        cmd = cmdline(pid)
         return cmd is None or (MAIN_CLASS in cmd and str(self.properties_file) in cmd)
 
     def pid(self) -> int | None:
@@ -657,7 +655,7 @@ class Mirror:
             proc = subprocess.Popen(
                 cmd, cwd=self.state_dir, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None)
+                preexec_fn=die_with_parent if self.die_with_parent else None)
         self._proc = proc
         return proc
 

@@ -7,6 +7,7 @@ through the recorded merge order on ``wl.<id>.merge``, so replay reads them and 
 This package never imports ``executor``: the two meet only on the log.
 """
 
+from fx_kafka.workload_log import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._actuation import (
     ReadBack,
     await_read_back,
@@ -25,6 +26,7 @@ from workload_sdk._api import (
     Workload,
     WorkloadError,
     actuate,
+    body_of,
     emit,
     infer,
     module_hash,
@@ -36,9 +38,28 @@ from workload_sdk._api import (
     state_hash,
 )
 from workload_sdk._audit import AuditReport, InvariantResult, audit
-from workload_sdk._core import Core, Decision, Item, choose_next, due_outcomes
+from workload_sdk._core import (
+    Core,
+    Decision,
+    Item,
+    Pending,
+    choose_next,
+    due_outcomes,
+    holder_outcome,
+    referenced_body,
+)
 from workload_sdk._election import ElectionConfig, HolderElection
-from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec, transactional_id_for
+from workload_sdk._holder import (
+    Fenced,
+    HolderConfig,
+    LeaseHolder,
+    NoSpec,
+    Replaced,
+    check_restart,
+    rejoin_epoch,
+    transactional_id_for,
+)
+from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import (
     LocalAnswer,
@@ -47,8 +68,16 @@ from workload_sdk._local import (
     local_logits,
     local_tokenize,
 )
-from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
-from workload_sdk._replay import DiffReport, ReplayError, ReplayResult, diff, replay
+from workload_sdk._observe import check_signatures
+from workload_sdk._replay import (
+    DiffReport,
+    ReplayError,
+    ReplayResult,
+    compare_outputs,
+    diff,
+    out_slots,
+    replay,
+)
 from workload_sdk._trim import TopicTrim, TrimPlan, plan_trim
 from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why
@@ -75,7 +104,9 @@ __all__ = [
     "LogRecord",
     "NoSpec",
     "Output",
+    "Pending",
     "ReadBack",
+    "Replaced",
     "ReplayError",
     "ReplayResult",
     "Request",
@@ -89,21 +120,30 @@ __all__ = [
     "actuate",
     "audit",
     "await_read_back",
+    "body_of",
+    "check_restart",
+    "check_signatures",
     "choose_next",
+    "compare_outputs",
     "diff",
     "due_outcomes",
     "emit",
+    "holder_outcome",
     "infer",
     "load_workload",
     "local_generate",
     "local_logits",
     "local_tokenize",
     "module_hash",
+    "out_slots",
     "plan_trim",
     "read_back",
+    "read_workload_log",
     "reask",
     "recall",
+    "referenced_body",
     "reissue",
+    "rejoin_epoch",
     "remember",
     "replay",
     "request",

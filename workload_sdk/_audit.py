@@ -1,6 +1,6 @@
 """``fx audit``: check every invariant the design promises on a workload's recorded log. Pure.
 
-:func:`audit` reads an already-read :class:`~workload_sdk._logview.WorkloadLog` (its streams and
+:func:`audit` reads an already-read :class:`~fx_kafka.workload_log.WorkloadLog` (its streams and
 the ``sys.facts`` records in ``log.facts``), optionally a fleet-certified key history and the
 workload's module, and returns an :class:`AuditReport` with one :class:`InvariantResult` per
 invariant. Each says what it checked (``counts``), and lists the records that break it (a
@@ -64,7 +64,7 @@ counted). What each invariant checks, exactly:
     retained snapshot.
 
 A record that a check needs and that is trimmed, missing or undecodable where the design says it
-must be there (:class:`~workload_sdk._logview.LogGap`) is a *gap*: the invariant could not be
+must be there (:class:`~fx_kafka.workload_log.LogGap`) is a *gap*: the invariant could not be
 checked in full. :attr:`AuditReport.result` is ``violated`` when any invariant is violated, else
 ``gap`` when any has a gap, else ``ok``.
 """
@@ -92,9 +92,9 @@ from broker_schema import (
     encode,
 )
 from broker_schema.binding import claim_problem
+from fx_kafka.workload_log import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import Core
-from workload_sdk._logview import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._replay import ReplayError, ReplayResult, compare_outputs, out_slots, replay
 from workload_sdk._why import verify_signature
 

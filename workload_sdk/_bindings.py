@@ -26,7 +26,7 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.client import make_producer
-from workload_sdk._kafka_io import read_topic
+from fx_kafka.workload_log import read_topic
 
 __all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
            "write_change"]

@@ -44,6 +44,7 @@ from broker_schema import (
     encode,
     is_hash,
     json_depth,
+    parse_effect_id,
     request_hash,
     topics,
 )
@@ -53,6 +54,8 @@ from broker_schema import (
 from broker_schema.chunks import check_chunk, chunk_ref_of
 from broker_schema.refs import chunk_owner, ref_problem
 from broker_schema.signatures import answer_refusal
+from broker_schema.streams import OutRecord, SourceRecord
+from fx_kafka.workload_log import RefGap
 from workload_sdk._api import (
     EffectResult,
     Emit,
@@ -63,11 +66,8 @@ from workload_sdk._api import (
     Workload,
     WorkloadError,
 )
-from workload_sdk._logview import RefGap
 
 Source = Literal["in", "resp"]
-SourceRecord = InputRecord | AcceptedRecord | ResponseRecord | TickRecord
-OutRecord = OutputRecord | EffectRequest
 
 #: Outcomes after which a later answer for the same effect id is passed over as ``after_outcome``.
 _TERMINAL_GUESSES = frozenset({"timeout", "unknown"})
@@ -165,16 +165,14 @@ class Applied:
     snapshot_due: bool = False
 
 
-def _parse_effect_id(effect_id: str) -> tuple[str, int, int, int] | None:
-    """``(workload, input_offset, index, epoch)`` of a live effect id; None if not one."""
-    if effect_id.startswith("shadow:"):
-        return None
+def _live_effect(effect_id: str) -> EffectHeader | None:
+    """The header of a live effect id (:func:`broker_schema.parse_effect_id`); None for a
+    shadow evaluation's id or anything that is not an effect id."""
     try:
-        rest, epoch = effect_id.rsplit("@", 1)
-        workload, input_offset, index = rest.rsplit("/", 2)
-        return workload, int(input_offset), int(index), int(epoch)
+        header = parse_effect_id(effect_id)
     except ValueError:
         return None
+    return header if header.shadow is None else None
 
 
 #: Backpressure pacing: the first ``backpressure`` answer in a row pauses inputs this long (broker
@@ -360,8 +358,9 @@ class Core:
         ever added by the step that issues them, under their own ``seq``.)"""
         if effect_id in self.pending:
             return True
-        parsed = _parse_effect_id(effect_id)
-        return parsed is not None and parsed[0] == self.workload_id and parsed[1] >= self.seq
+        header = _live_effect(effect_id)
+        return (header is not None and header.workload_id == self.workload_id
+                and header.input_offset >= self.seq)
 
     def classify(self, item: Item, spec: SpecRecord | None = None) -> Decision:
         """Deliver or pass over ``item``, without changing anything.
@@ -392,8 +391,9 @@ class Core:
             return Decision("deliver", None, effect_id)
         if effect_id in self.guessed:
             return Decision("pass_over", "after_outcome", effect_id)
-        parsed = _parse_effect_id(effect_id)
-        if parsed is not None and parsed[0] == self.workload_id and parsed[1] < self.seq:
+        header = _live_effect(effect_id)
+        if (header is not None and header.workload_id == self.workload_id
+                and header.input_offset < self.seq):
             return Decision("pass_over", "duplicate", effect_id)
         return Decision("pass_over", "unknown_effect", effect_id)
 
@@ -537,8 +537,8 @@ def _normalized_state(state: State, seq: int | None) -> State:
 def _check_reissue(original: str, workload_id: str, seq: int, index: int) -> None:
     """A reissue names an earlier request of this workload (the merge rule is unchanged: the
     reissue is an effect of its own, with its own id and answer; docs/actuation.md)."""
-    parsed = _parse_effect_id(original)
-    if parsed is None or parsed[0] != workload_id or parsed[1] >= seq:
+    header = _live_effect(original)
+    if header is None or header.workload_id != workload_id or header.input_offset >= seq:
         raise WorkloadError("bad_output", f"request {index} names reissue_of {original!r}, "
                             f"which is not an earlier effect of workload {workload_id}", seq=seq)
 

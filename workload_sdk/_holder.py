@@ -44,7 +44,7 @@ References: an input whose body, or an answer whose output, is a chunk or stream
 resolved in the fetch loop before it is buffered (:mod:`workload_sdk._refs_io`; chunks from
 ``sys.chunks``, or from ``HolderConfig.chunk_dir``), so the step reads its bytes. A chunk or
 record that is not there yet is waited for with backoff, up to ``HolderConfig.ref_wait_s``; then
-the holder stops with :class:`~workload_sdk._logview.RefGap` naming it (never a guess, never a
+the holder stops with :class:`~fx_kafka.workload_log.RefGap` naming it (never a guess, never a
 skip: nothing is merged past it, and a restart once it is there carries on). Snapshots over the
 inline limit are stored as a chunk before the transaction that holds them commits.
 
@@ -93,6 +93,7 @@ from broker_schema import (
 )
 from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
 from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
+from broker_schema.streams import OutRecord
 from fx_kafka.client import make_admin, make_consumer, make_producer
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_kafka.workload import (
@@ -101,18 +102,17 @@ from fx_kafka.workload import (
     ensure_rejects_topic,
     ensure_workload_topics,
 )
+from fx_kafka.workload_log import RefGap, read_facts, read_facts_since, read_topic
 from workload_sdk._api import Workload, module_hash
 from workload_sdk._core import (
     Core,
     Item,
-    OutRecord,
     describe_ref,
     next_due_ms,
     referenced_body,
     tick_problem,
 )
-from workload_sdk._kafka_io import read_facts, read_facts_since, read_resume_log, read_topic
-from workload_sdk._logview import RefGap
+from workload_sdk._kafka_io import read_resume_log
 from workload_sdk._observe import (
     DEFAULT_GROUP_PREFIXES,
     PendingRequest,
@@ -350,7 +350,7 @@ class LeaseHolder:
     :class:`~fx_kafka.errors.RetentionTooShortError` when a workload topic's retention is shorter
     than the spec's audit horizon, and on resume :class:`ReplayError` when the
     module does not reproduce the recorded merge decisions or outputs and :class:`LogGap` when a
-    record replay needs is gone; :class:`~workload_sdk._logview.RefGap` (a ``LogGap``) when a
+    record replay needs is gone; :class:`~fx_kafka.workload_log.RefGap` (a ``LogGap``) when a
     chunk or stream record an input, an answer or the snapshot resumed from names cannot be read.
     """
 

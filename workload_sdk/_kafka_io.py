@@ -7,13 +7,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from aiokafka import TopicPartition
-
 from broker_schema import (
     Body,
     ChunkRef,
     DecodeError,
-    FactsRecord,
     MergeEntry,
     SnapshotRecord,
     SpecRecord,
@@ -21,60 +18,9 @@ from broker_schema import (
     topics,
 )
 from fx_kafka import security as _security
-from fx_kafka.client import check_authorized, make_consumer, read_partition
+from fx_kafka.workload_log import TopicView, WorkloadLog, read_facts, read_topic
 from workload_sdk._core import referenced_body
-from workload_sdk._logview import STREAMS, LogRecord, TopicView, WorkloadLog
 from workload_sdk._refs_io import RefResolver
-
-
-async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
-                     timeout: float = 30.0) -> TopicView:
-    """Every committed record of partition 0 of ``topic`` from ``start`` (default: the log start)
-    up to its last stable offset at the time of the call."""
-    consumer = make_consumer(bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0)])
-        await check_authorized(consumer, [topic])  # a denied topic: said at once
-        read = await read_partition(consumer, topic, start=start, timeout=timeout)
-    finally:
-        await consumer.stop()
-    view = TopicView(topic=topic, start=read.begin, end=read.begin, mirrored=read.mirrored)
-    for offset, time_ms, value in read.records:
-        view.add(LogRecord(offset, time_ms, value))
-    view.end = max(view.end, read.end)
-    return view
-
-
-async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]:
-    """The facts records on ``sys.facts`` (all of them, latest last); empty if the topic is
-    absent."""
-    return (await read_facts_since(bootstrap, None, timeout=timeout))[0]
-
-
-async def read_facts_since(bootstrap: str, start: int | None, *, timeout: float = 30.0
-                           ) -> tuple[list[FactsRecord], int | None]:
-    """The facts records on ``sys.facts`` from offset ``start`` (None: the log start), latest
-    last, and the offset to read from next time (``start`` again, and no records, if the topic
-    is absent)."""
-    consumer = make_consumer(bootstrap)
-    await consumer.start()
-    try:
-        present = topics.FACTS in await consumer.topics()
-    finally:
-        await consumer.stop()
-    if not present:
-        return [], start
-    facts: list[FactsRecord] = []
-    view = await read_topic(bootstrap, topics.FACTS, start=start, timeout=timeout)
-    for rec in view:
-        try:
-            record = decode(rec.value)
-        except DecodeError:
-            continue
-        if isinstance(record, FactsRecord):
-            facts.append(record)
-    return facts, view.end
 
 
 def _decoded(view: TopicView) -> Iterable[tuple[int, object]]:
@@ -122,7 +68,7 @@ async def resolve_log(log: WorkloadLog, resolver: RefResolver, *,
 
 
 async def read_workload_log(bootstrap: str, workload_id: str, *,
-                            streams: Iterable[str] = STREAMS,
+                            streams: Iterable[str] = topics.STREAMS,
                             with_facts: bool = True, resolve: bool = True,
                             chunk_dir: str | Path | None = None) -> WorkloadLog:
     """The committed records of a workload's streams (and ``sys.facts``) as a WorkloadLog.

@@ -13,23 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from broker_schema import (
-    AcceptedRecord,
     ChunkRef,
     EffectRequest,
-    InputRecord,
     MergeEntry,
     OutputRecord,
-    ResponseRecord,
     SnapshotRecord,
     SpecRecord,
-    TickRecord,
     decode,
     encode,
 )
 from broker_schema.binding import claim_in_force
+from broker_schema.streams import OutRecord, SourceRecord
+from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
-from workload_sdk._core import Applied, Core, Item, OutRecord
-from workload_sdk._logview import LogGap, RefGap, WorkloadLog
+from workload_sdk._core import Applied, Core, Item
 
 __all__ = [
     "DiffReport",
@@ -122,7 +119,7 @@ def _item(log: WorkloadLog, entry: MergeEntry, *, trusted: bool = False) -> Item
     view = log[entry.source]
     raw = view.raw(entry.source_offset)
     record = raw.decode(view.topic, trusted=trusted)
-    if not isinstance(record, InputRecord | AcceptedRecord | ResponseRecord | TickRecord):
+    if not isinstance(record, SourceRecord):
         raise LogGap(view.topic, entry.source_offset, "missing",
                      f"the merge log names a {record.kind} record")
     return Item(entry.source, entry.source_offset, raw.time_ms, record,

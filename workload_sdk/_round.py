@@ -1,7 +1,7 @@
 """The lease holder's decisions, one round at a time: pure functions, no I/O.
 
 The live holder (:mod:`workload_sdk._holder`) and the test simulator
-(``tests/unit/workload_sdk/_sim.py``, from which the golden logs are generated) both call these,
+(``tests/unit/workload_sdk/sim.py``, from which the golden logs are generated) both call these,
 so what the golden logs show is what the holder does, not what a copy of it does; replay
 (:mod:`workload_sdk._replay`) drives the same :class:`~workload_sdk._core.Core`:
 
@@ -34,11 +34,11 @@ from broker_schema import (
     SpecRecord,
     TickRecord,
 )
+from broker_schema.streams import OutRecord
 from workload_sdk._api import WorkloadError
 from workload_sdk._core import (
     Core,
     Item,
-    OutRecord,
     choose_next,
     due_outcomes,
     holder_outcome,

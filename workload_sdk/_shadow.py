@@ -52,9 +52,9 @@ from broker_schema import (
     encode,
 )
 from broker_schema.binding import shadow_spec
+from fx_kafka.workload_log import LogGap, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._core import Core, Item
-from workload_sdk._logview import LogGap, TopicView, WorkloadLog
 from workload_sdk._replay import _item, _merge_records, _Specs, out_slots, replay
 
 __all__ = [
@@ -277,7 +277,7 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
     ``shadow_answers``: live effect id -> the shadow answer to its re-issued request;
     ``shadow_resolved``: live effect id -> the bytes its shadow answer's output reference names
     (read by the I/O shell, as the holder reads a live answer's). Raises
-    :class:`~workload_sdk._logview.LogGap` when a record the fold needs is gone."""
+    :class:`~fx_kafka.workload_log.LogGap` when a record the fold needs is gone."""
     result = FoldResult()
     if ev.from_seq > 0:
         core = replay(workload, log, to_seq=ev.from_seq - 1).core

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fx_kafka.client import bootstrap_of
+from fx_kafka.workload_log import LogGap
 from workload_sdk._loader import load_workload
-from workload_sdk._logview import LogGap
 
 __all__ = ["parse_duration", "register"]
 

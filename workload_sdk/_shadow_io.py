@@ -38,9 +38,9 @@ from broker_schema import (
 from broker_schema.canonical import hex_of_hash, is_hash
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.workload import ensure_shadow_topics
+from fx_kafka.workload_log import LogGap, TopicView, WorkloadLog, read_facts, read_topic
 from workload_sdk._api import Workload, module_hash
-from workload_sdk._kafka_io import read_facts, read_topic, read_workload_log
-from workload_sdk._logview import LogGap, TopicView, WorkloadLog
+from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import _Specs
 from workload_sdk._shadow import (

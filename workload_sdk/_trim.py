@@ -46,7 +46,7 @@ from broker_schema import (
     decode,
     topics,
 )
-from workload_sdk._logview import WorkloadLog
+from fx_kafka.workload_log import WorkloadLog
 
 __all__ = [
     "NEVER_TRIMMED",

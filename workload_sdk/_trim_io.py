@@ -16,8 +16,7 @@ from aiokafka.admin import RecordsToDelete
 
 from broker_schema import topics
 from fx_kafka.client import make_admin, make_consumer
-from workload_sdk._kafka_io import read_topic
-from workload_sdk._logview import TopicView, WorkloadLog
+from fx_kafka.workload_log import TopicView, WorkloadLog, read_topic
 from workload_sdk._trim import TRIMMED, TrimPlan, horizon_cutoff_ms, latest_spec, plan_trim
 
 __all__ = ["delete_below", "horizon_offsets", "read_trim_log", "trim_workload"]

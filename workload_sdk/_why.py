@@ -24,7 +24,7 @@ from broker_schema import (
     sha256_hex,
     signatures,
 )
-from workload_sdk._logview import LogGap, WorkloadLog
+from fx_kafka.workload_log import LogGap, WorkloadLog
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory

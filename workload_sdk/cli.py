@@ -32,13 +32,13 @@ from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
 from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
+from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
-from workload_sdk._logview import LogGap, RefGap, WorkloadLog
 from workload_sdk._observe import DEFAULT_GROUP_PREFIXES
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
@@ -436,8 +436,8 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
     referenced bodies replay needs name is read last (:func:`~workload_sdk._kafka_io.
     resolve_log`)."""
     from fx_kafka.client import make_consumer
-    from workload_sdk._kafka_io import read_facts, read_topic, resolve_log
-    from workload_sdk._logview import STREAMS
+    from fx_kafka.workload_log import read_facts, read_topic
+    from workload_sdk._kafka_io import resolve_log
     from workload_sdk._refs_io import RefResolver
 
     def topic(stream: str) -> str:
@@ -449,7 +449,7 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
         present = await consumer.topics()
     finally:
         await consumer.stop()
-    absent = [topic(s) for s in STREAMS if topic(s) not in present]
+    absent = [topic(s) for s in topics.STREAMS if topic(s) not in present]
     if absent:  # reading one would wait out the client's request timeout
         raise LookupError(f"no workload {workload_id!r} on this broker: no topic "
                           f"{', '.join(absent)} (or this client may not describe it)")

@@ -42,10 +42,10 @@ from broker_schema import (
 from fx_kafka.client import make_producer
 from fx_kafka.security import child_env
 from fx_kafka.workload import ensure_workload_topics
+from fx_kafka.workload_log import WorkloadLog
 from workload_sdk._api import body_of, module_hash
 from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
 from workload_sdk._loader import load_workload
-from workload_sdk._logview import WorkloadLog
 
 __all__ = ["WorkloadHarness", "executor_available", "fx_command"]
 

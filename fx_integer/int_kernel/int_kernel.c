@@ -347,7 +347,7 @@ static inline int64_t rshift_round_var(int64_t x, int64_t s) { /* 0 <= s <= 62 *
     return (x + half) >> s;
 }
 
-static inline int64_t isqrt(int64_t n) { /* _fixed.isqrt, digit by digit */
+static inline int64_t isqrt(int64_t n) { /* fixed_point.isqrt, digit by digit */
     int64_t res = 0, bit = 1LL << 60;
     for (int i = 0; i < 31; i++) {
         int64_t t = res + bit;
@@ -410,7 +410,7 @@ static const int64_t EXP2_POLY_Q30[8] = {1073741824, 744261124, 257941118, 59598
 
 static inline int64_t rshift_round(int64_t x, int s) { return (x + (1LL << (s - 1))) >> s; }
 
-static inline int64_t exp2_neg_q30(int64_t t) { /* _fixed.exp2_neg_q30, t <= 0 */
+static inline int64_t exp2_neg_q30(int64_t t) { /* fixed_point.exp2_neg_q30, t <= 0 */
     if (t < EXP2_ARG_MIN) t = EXP2_ARG_MIN;
     int64_t i = t >> 16;
     int64_t fr = t - i * 65536;
@@ -420,7 +420,7 @@ static inline int64_t exp2_neg_q30(int64_t t) { /* _fixed.exp2_neg_q30, t <= 0 *
     return rshift_round_var(acc, sh);
 }
 
-static inline int64_t sigmoid_q30(int64_t x) { /* _fixed.sigmoid_q30 */
+static inline int64_t sigmoid_q30(int64_t x) { /* fixed_point.sigmoid_q30 */
     int64_t a = iabs64(x);
     if (a > (1LL << 26)) a = 1LL << 26;
     int64_t t = -rshift_round(a * LOG2E_Q30, 30);

@@ -1,4 +1,4 @@
-// Fixed-point primitives shared by every kernel: the line-by-line twins of _fixed.py.
+// Fixed-point primitives shared by every kernel: the line-by-line twins of fixed_point.py.
 // Rounding rule everywhere: round half up, floor(v + 1/2).
 // No headers: NVRTC compiles this as is, g++ compiles it with cpu_shim/cuda_cpu.h.
 #pragma once

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fx_integer import _paths, artifact
+from fx_integer import artifact, model_paths
 from fx_integer.generation import GenRequest, generate_batch, to_host
 from fx_integer.oracle import KVCache, OracleOps, forward
 from fx_integer.sampling import SamplingParams
@@ -60,7 +60,7 @@ def _real_artifact() -> Path:
     if env:
         return Path(env)
     try:
-        return _paths.ensure_artifact()
+        return model_paths.ensure_artifact()
     except FileNotFoundError as exc:  # the device machine has no gguf wheel: set FX_ARTIFACT
         pytest.skip(f"no artifact (set FX_ARTIFACT): {exc}")
 

@@ -52,12 +52,13 @@ from workload_sdk import (
     State,
     Workload,
     WorkloadLog,
+    body_of,
+    compare_outputs,
     emit,
     infer,
+    out_slots,
     replay,
 )
-from workload_sdk._api import body_of
-from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import label_of
 from workload_sdk.testing import WorkloadHarness
 

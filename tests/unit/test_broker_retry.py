@@ -20,7 +20,7 @@ from aiokafka.errors import (
 
 from broker_schema import ClaimRecord
 from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
-from workload_sdk._holder import Replaced, check_restart, rejoin_epoch
+from workload_sdk import Replaced, check_restart, rejoin_epoch
 
 HASH = "sha256:" + "ab" * 32
 

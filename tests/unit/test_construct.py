@@ -13,8 +13,8 @@ import broker_schema as bs
 from broker_schema import DecodeError, decode, decode_trusted, encode
 from broker_schema.construct import ConstructError, construct
 from broker_schema.records import RECORD_TYPES
+from fx_kafka.workload_log import LogGap, LogRecord
 from tests.unit.schema_strategies import records
-from workload_sdk._logview import LogGap, LogRecord
 
 WID = "cam-1"
 HEADER = bs.EffectHeader(workload_id=WID, input_offset=3, index=0, epoch=2)

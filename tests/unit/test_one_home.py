@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +148,148 @@ def test_the_sha256_spelling_lives_in_broker_schema_canonical() -> None:
 def test_signatures_are_checked_only_by_broker_schema_signatures() -> None:
     problems = [p for rel, tree in _sources() for p in _signature_problems(rel, tree)]
     assert problems == [], "\n".join(problems)
+
+
+# ==================================================================================================
+# Effect ids and stream kinds (issue 25, "one home for every policy"). Key-trust rules: elsewhere.
+# ==================================================================================================
+#: The one place an effect id is spelled (:attr:`EffectHeader.effect_id`) and read back
+#: (:func:`broker_schema.parse_effect_id`).
+EFFECT_ID_HOME = {"broker_schema/records.py"}
+
+
+def _is_str(node: ast.AST, value: str | None = None) -> bool:
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and (value is None or node.value == value))
+
+
+def _effect_id_problems(rel: str, tree: ast.Module) -> Iterator[str]:
+    """An effect id formatted (``f"{w}/{o}/{i}@{e}"``, ``f"shadow:{name}/..."``) or taken apart
+    (split at ``@``, a ``shadow:`` prefix looked for, a pattern of one) by hand."""
+    if rel in EFFECT_ID_HOME or not _builds_topics(rel):
+        return
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = _fstring_text(node)
+            if re.search(r"\{\}/\{\}/\{\}@\{\}", text) or text.startswith("shadow:{}"):
+                yield (f"{rel}:{node.lineno}: an effect id formatted by hand: f{text!r} (use "
+                       "EffectHeader.effect_id)")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("split", "rsplit", "partition", "rpartition")
+              and node.args and _is_str(node.args[0], "@")):
+            yield (f"{rel}:{node.lineno}: .{node.func.attr}('@'): an effect id taken apart by "
+                   "hand (use broker_schema.parse_effect_id)")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docs
+              and (node.value == "shadow:" or "(?P<epoch>" in node.value
+                   or re.search(r"\)@\(", node.value))):
+            yield (f"{rel}:{node.lineno}: {node.value[:40]!r}: an effect id's spelling outside "
+                   "broker_schema (use parse_effect_id / EffectHeader.effect_id)")
+
+
+def test_effect_ids_are_formatted_and_parsed_only_by_broker_schema() -> None:
+    problems = [p for rel, tree in _sources() for p in _effect_id_problems(rel, tree)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_effect_id_rule_finds_a_parser_by_hand() -> None:
+    bad = ast.parse('def f(e):\n    rest, epoch = e.rsplit("@", 1)\n'
+                    '    return e.startswith("shadow:") or f"{a}/{b}/{c}@{d}"\n')
+    assert len(list(_effect_id_problems("workload_sdk/x.py", bad))) == 3
+
+
+#: Where the stream names and the records each stream holds are declared.
+STREAMS_HOME = {"broker_schema/topics.py", "broker_schema/streams.py"}
+
+
+def _stream_tables() -> tuple[list[frozenset[str]], list[frozenset[str]]]:
+    """The string sets that only the homes may spell (stream names, each stream's kinds of two
+    or more) and the class-name sets (each stream's record classes, three or more, and what the
+    merge order names; two classes, ``OutputRecord | EffectRequest``, read as a type)."""
+    from broker_schema import streams, topics
+
+    strings = [frozenset(topics.STREAMS), frozenset(topics.SHADOW_STREAMS)]
+    strings += [k for table in (streams.STREAM_KINDS, streams.SHADOW_KINDS) for k in
+                table.values() if len(k) > 1]
+    classes = [frozenset(c.__name__ for c in models) for table in
+               (streams.STREAM_RECORDS, streams.SHADOW_RECORDS) for models in table.values()
+               if len(models) > 2]
+    classes.append(frozenset(c.__name__ for c in typing.get_args(streams.SourceRecord)))
+    return strings, classes
+
+
+def _union_names(node: ast.AST) -> list[str] | None:
+    """``A | B | C`` of plain names -> [A, B, C]; None for anything else."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _union_names(node.left), _union_names(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def _stream_kind_problems(rel: str, tree: ast.Module) -> Iterator[str]:
+    """A second spelling of which streams there are, or of which record kinds or classes one
+    holds: a literal collection of the names, a tuple or union of the classes, a ``STREAMS``."""
+    if rel in STREAMS_HOME or not _builds_topics(rel):
+        return
+    strings, classes = _stream_tables()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1:
+            if all(_is_str(e) for e in node.elts):
+                values = frozenset(e.value for e in node.elts if isinstance(e, ast.Constant))
+                if values in strings:
+                    yield (f"{rel}:{node.lineno}: {sorted(values)} spelled again: use "
+                           "broker_schema.topics.STREAMS / broker_schema.streams")
+            elif all(isinstance(e, ast.Name) for e in node.elts):
+                names = frozenset(e.id for e in node.elts if isinstance(e, ast.Name))
+                if names in classes:
+                    yield (f"{rel}:{node.lineno}: the records of a stream listed again "
+                           f"({', '.join(sorted(names))}): use broker_schema.streams")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            union = _union_names(node)
+            if union is not None and len(union) > 1 and frozenset(union) in classes:
+                yield (f"{rel}:{node.lineno}: the records of a stream listed again "
+                       f"({' | '.join(union)}): use broker_schema.streams")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in ("STREAMS", "STREAM_KINDS",
+                                                        "SHADOW_STREAMS", "SHADOW_KINDS"):
+                    yield f"{rel}:{node.lineno}: {t.id} defined again: import it"
+
+
+#: Files whose copy is the business of another change of issue 25 (the lease holder split by
+#: job): ``_decode`` picks ``.in``/``.resp`` classes by hand; it becomes
+#: ``broker_schema.streams.STREAM_RECORDS[source]``. Empty this when that lands.
+_STREAM_KINDS_PENDING = {"workload_sdk/_holder.py"}
+
+
+def test_stream_kinds_are_declared_once() -> None:
+    problems = [p for rel, tree in _sources() if rel not in _STREAM_KINDS_PENDING
+                for p in _stream_kind_problems(rel, tree)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_stream_kinds_rule_finds_a_copy() -> None:
+    bad = ast.parse('STREAMS = ("in", "spec", "claims", "out", "resp", "merge")\n'
+                    'ok = isinstance(r, AcceptedRecord | ResponseRecord | TickRecord)\n'
+                    'ok = isinstance(r, (AcceptedRecord, ResponseRecord, TickRecord))\n'
+                    'allowed = {"accepted", "response", "tick"}\n')
+    assert len(list(_stream_kind_problems("workload_sdk/x.py", bad))) == 5
+
+
+def test_the_stream_tables_are_derived_from_one_declaration() -> None:
+    from broker_schema import streams, topics
+    from broker_schema.records import RECORD_TYPES, kind_of
+
+    assert tuple(streams.STREAM_RECORDS) == topics.STREAMS
+    assert tuple(streams.SHADOW_RECORDS) == topics.SHADOW_STREAMS
+    assert typing.get_args(streams.RespRecord) == streams.STREAM_RECORDS["resp"]
+    assert {kind_of(c) for c in typing.get_args(streams.SourceRecord)} == (
+        streams.STREAM_KINDS["in"] | streams.STREAM_KINDS["resp"])
+    declared = [m for table in (streams.STREAM_RECORDS, streams.SHADOW_RECORDS,
+                                streams.SYSTEM_RECORDS) for ms in table.values() for m in ms]
+    declared += streams.ACTUATOR_RECORDS
+    assert set(declared) == set(RECORD_TYPES.values()), "every record kind belongs somewhere"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker_schema as bs
-from broker_schema import topics
+from broker_schema import streams, topics
 from broker_schema.export import json_schemas
 from tests.unit.schema_strategies import records
 
@@ -343,7 +343,7 @@ def test_nesting_up_to_the_limit_round_trips_and_deeper_is_not_encoded() -> None
 ])
 def test_a_kind_read_from_a_stream_it_does_not_belong_on_is_wrong_stream(
         topic: str, allowed: set[str]) -> None:
-    assert topics.kinds_on(topic) == frozenset(allowed)
+    assert streams.kinds_on(topic) == frozenset(allowed)
     claim = bs.encode(bs.ClaimRecord(workload_id="cam-1", epoch=1, holder_id="h", spec_hash=H,
                                      spec_offset=0))
     if "claim" in allowed:
@@ -354,7 +354,7 @@ def test_a_kind_read_from_a_stream_it_does_not_belong_on_is_wrong_stream(
         assert info.value.code == "wrong_stream"
         assert "claim" in info.value.detail
     assert bs.decode(claim, topic="some.other.topic")  # not ours: no opinion
-    assert topics.kinds_on("sys.chunks") is None
+    assert streams.kinds_on("sys.chunks") is None
 
 
 def test_topic_builders() -> None:

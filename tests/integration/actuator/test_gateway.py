@@ -25,10 +25,10 @@ from broker_schema import (
     encode,
     topics,
 )
+from fx_kafka.workload_log import read_facts, read_topic
 from fx_node.identity import verify_response
 from tests.integration.actuator.harness import VALVE_KIND, VALVE_REGISTER, Gateway, gateway_config
 from tests.integration.executor.harness import by_effect, workload
-from workload_sdk._kafka_io import read_facts, read_topic
 from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration

@@ -37,8 +37,7 @@ from tests.integration.actuator.harness import (
     Gateway,
     gateway_config,
 )
-from workload_sdk import WorkloadLog, replay
-from workload_sdk._replay import compare_outputs
+from workload_sdk import WorkloadLog, compare_outputs, replay
 from workload_sdk.examples.valve_readback import ValveReadBack
 from workload_sdk.testing import WorkloadHarness
 

@@ -17,8 +17,7 @@ from broker_schema import INFERENCE_KIND, MergeEntry, OutputRecord, decode, topi
 from fx_kafka.client import make_admin
 from fx_kafka.local import LocalKafka
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics, topic_configs
-from workload_sdk import WorkloadLog, replay
-from workload_sdk._replay import compare_outputs, out_slots
+from workload_sdk import WorkloadLog, compare_outputs, out_slots, replay
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness
 

@@ -38,7 +38,7 @@ import pytest
 import broker_schema as bs
 from actuator.sim import SimulatedDevice
 from broker_schema import topics
-from workload_sdk._kafka_io import read_facts
+from fx_kafka.workload_log import read_facts
 from workload_sdk.examples.filetype_gate import GATE_KIND
 from workload_sdk.testing import WorkloadHarness
 

@@ -43,10 +43,9 @@ from fx_kafka.client import make_admin, make_producer
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from fx_kafka.workload_log import read_topic
 from fx_node.admission import input_problem
-from workload_sdk import WorkloadLog, replay
-from workload_sdk._kafka_io import read_topic
-from workload_sdk._replay import compare_outputs
+from workload_sdk import WorkloadLog, compare_outputs, replay
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness, fx_command
 

@@ -38,8 +38,8 @@ from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
-from workload_sdk._api import body_of
-from workload_sdk._kafka_io import read_topic
+from fx_kafka.workload_log import read_topic
+from workload_sdk import body_of
 from workload_sdk.examples.filetype_gate import GATE_KIND
 from workload_sdk.testing import WorkloadHarness, fx_command
 

@@ -26,9 +26,9 @@ from broker_schema import (
     topics,
 )
 from broker_schema.binding import MAX_EPOCH
+from fx_kafka.workload_log import read_topic
 from workload_sdk import WorkloadLog
 from workload_sdk._audit import audit
-from workload_sdk._kafka_io import read_topic
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from broker_schema import INFERENCE_KIND, RejectedRecord, TickRecord, decode, encode, topics
-from workload_sdk._kafka_io import read_topic
+from fx_kafka.workload_log import read_topic
 from workload_sdk.examples.filetype_gate import GATE_KIND
 from workload_sdk.testing import WorkloadHarness
 

@@ -33,10 +33,10 @@ from broker_schema import (
     request_hash,
     topics,
 )
+from fx_kafka.workload_log import read_topic
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._api import body_of
 from workload_sdk._audit import audit
-from workload_sdk._kafka_io import read_topic
 from workload_sdk._replay import compare_outputs
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
 from workload_sdk.testing import WorkloadHarness

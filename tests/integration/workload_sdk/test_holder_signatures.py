@@ -17,6 +17,7 @@ import pytest
 
 from broker_schema import INFERENCE_KIND, ResponseRecord, Signature, decode, encode, topics
 from broker_schema.signatures import SigningKey
+from fx_kafka.workload_log import read_topic
 from tests.integration.workload_sdk.test_holder_metrics import (
     FILES,
     MODULE,
@@ -25,7 +26,6 @@ from tests.integration.workload_sdk.test_holder_metrics import (
     _until,
     _value,
 )
-from workload_sdk._kafka_io import read_topic
 from workload_sdk.examples.filetype_gate import GATE_KIND
 from workload_sdk.testing import WorkloadHarness
 

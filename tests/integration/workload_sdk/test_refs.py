@@ -38,6 +38,7 @@ from broker_schema import (
 from broker_schema.chunks import part_key
 from fx_kafka.client import make_producer
 from fx_kafka.refs import ChunkTopicReader
+from fx_kafka.workload_log import RefGap
 from workload_sdk import (
     EffectResult,
     HolderConfig,
@@ -52,7 +53,6 @@ from workload_sdk import (
     replay,
 )
 from workload_sdk._kafka_io import read_workload_log
-from workload_sdk._logview import RefGap
 from workload_sdk._replay import compare_outputs
 from workload_sdk.cli import EXIT_GAP
 from workload_sdk.testing import WorkloadHarness, _env, fx_command

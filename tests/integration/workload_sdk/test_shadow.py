@@ -21,8 +21,8 @@ import pytest
 from broker_schema import INFERENCE_KIND, EffectRequest, MergeEntry, OutputRecord, decode, topics
 from executor.engines.onnx import OnnxEngine
 from executor.models import ModelStore
+from fx_kafka.workload_log import read_topic
 from workload_sdk import WorkloadLog
-from workload_sdk._kafka_io import read_topic
 from workload_sdk.examples.filetype_corpus import corpus
 from workload_sdk.examples.filetype_gate import ALLOWED, GATE_KIND
 from workload_sdk.testing import WorkloadHarness

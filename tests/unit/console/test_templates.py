@@ -13,8 +13,8 @@ from broker_schema import AlarmRecord, ShadowReportRecord, decode, sha256_hex
 from console import views
 from console.app import make_templates
 from executor.verify_workload import ReceiptCheck, WorkloadVerification
-from workload_sdk._logview import WorkloadLog
-from workload_sdk._why import why
+from fx_kafka.workload_log import WorkloadLog
+from workload_sdk import why
 
 GOLDEN = Path(__file__).resolve().parents[1] / "workload_sdk" / "golden" / "asker_failover.jsonl"
 

@@ -21,8 +21,8 @@ from broker_schema import (
 )
 from console import views
 from console.views import BadInput, Filter, NotFound, ReceiptRow
-from workload_sdk._logview import WorkloadLog
-from workload_sdk._why import why
+from fx_kafka.workload_log import WorkloadLog
+from workload_sdk import why
 
 GOLDEN = Path(__file__).resolve().parents[1] / "workload_sdk" / "golden" / "asker_failover.jsonl"
 

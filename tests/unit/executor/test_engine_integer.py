@@ -33,7 +33,7 @@ from executor.engines.integer import (
     import_artifact,
 )
 from executor.models import ModelManifest, ModelStore
-from executor.verify_workload import WorkloadLog, artifact_resolver, render, verify_records
+from executor.verify_workload import ReceiptLog, artifact_resolver, render, verify_records
 from fx_integer import artifact
 from fx_integer.engine import DEFAULTS, IntegerEngine
 from fx_integer.receipt import GENESIS, receipt_hash
@@ -308,7 +308,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     a.load(manifest, store.read_verified(manifest.hash))
     reqs = [request("wl1", manifest.hash, b"", index=i,
                     params={"prompt": f"hello {i}", "max_tokens": 3}) for i in range(3)]
-    log = WorkloadLog("wl1", [], {}, {"node-a": _facts("node-a", identity)})
+    log = ReceiptLog("wl1", [], {}, {"node-a": _facts("node-a", identity)})
     for i, req in enumerate(reqs):
         log.requests[10 + i] = req
         ctx = {"workload_id": "wl1", "effect_id": req.effect_id, "epoch": req.header.epoch,
@@ -343,7 +343,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
         assert not result.ok
         return [r for c in result.receipts for r in c.reasons] + result.problems
 
-    def forged_output(lg: WorkloadLog) -> None:  # re-signed by the node, receipt untouched
+    def forged_output(lg: ReceiptLog) -> None:  # re-signed by the node, receipt untouched
         off, resp = lg.responses[1]
         o = dict(resp.output.data)  # type: ignore[union-attr, arg-type]
         o["text"] = "something else"
@@ -352,19 +352,19 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
 
     assert any(r.startswith("output text:") for r in broken(forged_output))
 
-    def other_key(lg: WorkloadLog) -> None:
+    def other_key(lg: ReceiptLog) -> None:
         lg.facts["node-a"] = _facts("node-a", NodeIdentity.generate())
 
     reasons = broken(other_key)
     assert any("signature does not verify against node node-a" in r for r in reasons)
     assert any("not node node-a's key on sys.facts" in r for r in reasons)
 
-    def no_facts(lg: WorkloadLog) -> None:
+    def no_facts(lg: ReceiptLog) -> None:
         lg.facts.clear()
 
     assert any("no facts for node node-a" in r for r in broken(no_facts))
 
-    def swapped_request(lg: WorkloadLog) -> None:
+    def swapped_request(lg: ReceiptLog) -> None:
         lg.requests[11] = lg.requests[12]
 
     assert any("is " + reqs[2].effect_id in r for r in broken(swapped_request))
@@ -374,7 +374,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     strict = verify_records(_copy_without(log, 1), resolve=resolve, strict_chain=True)
     assert not strict.ok and any("chain gap" in r for r in strict.receipts[1].reasons)
 
-    def tampered_receipt(lg: WorkloadLog) -> None:  # the record re-signed, the receipt not
+    def tampered_receipt(lg: ReceiptLog) -> None:  # the record re-signed, the receipt not
         off, resp = lg.responses[0]
         assert resp.receipt is not None
         inner = dict(resp.receipt["integer"])  # type: ignore[arg-type]
@@ -388,7 +388,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     assert any("chain broken" in r for r in reasons)  # seq 1 no longer links to seq 0
 
     def forged(field: str, value: Any) -> Any:  # the node re-signs a lie beside its receipt
-        def change(lg: WorkloadLog) -> None:
+        def change(lg: ReceiptLog) -> None:
             off, resp = lg.responses[1]
             o = {**resp.output.data, field: value}  # type: ignore[union-attr, dict-item]
             lg.responses[1] = (off, identity.sign_response(
@@ -399,7 +399,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
     assert any("prompt_token_count" in r for r in broken(forged("prompt_token_count", 1)))
 
     def garbage_receipt(field: str, value: Any) -> Any:  # signed by the node, wrong types
-        def change(lg: WorkloadLog) -> None:
+        def change(lg: ReceiptLog) -> None:
             off, resp = lg.responses[0]
             assert resp.receipt is not None
             inner = {**resp.receipt["integer"], field: value}  # type: ignore[dict-item]
@@ -413,7 +413,7 @@ def test_verify_records(identity: NodeIdentity, store: ModelStore, manifest: Mod
         assert any("malformed receipt" in r for r in broken(garbage_receipt(field, value)))
 
 
-def _copy_without(log: WorkloadLog, index: int) -> WorkloadLog:
+def _copy_without(log: ReceiptLog, index: int) -> ReceiptLog:
     import copy
 
     new = copy.deepcopy(log)
@@ -476,7 +476,7 @@ def test_verify_records_with_a_key_history(store: ModelStore, manifest: ModelMan
 
     fleet = SigningKey.generate()
     old, new = NodeIdentity.generate(), NodeIdentity.generate("secp256k1")
-    log = WorkloadLog("wl1", [], {}, {"node-a": _facts("node-a", new)})
+    log = ReceiptLog("wl1", [], {}, {"node-a": _facts("node-a", new)})
     for i, ident in enumerate((old, old, new)):
         a = make_adapter(ident, tmp_path / f"chain-{ident.key_id[-8:]}.json")
         a.load(manifest, store.read_verified(manifest.hash))

@@ -46,14 +46,20 @@ from fx_node.admission import (
     ok_response,
 )
 from tests.unit.schema_strategies import records as valid_records
-from workload_sdk import EffectResult, InputEvent, Output, State, Workload, emit, infer
-from workload_sdk._core import (
+from workload_sdk import (
     Core,
+    EffectResult,
+    InputEvent,
     Item,
+    Output,
     Pending,
+    State,
+    Workload,
     choose_next,
     due_outcomes,
+    emit,
     holder_outcome,
+    infer,
     referenced_body,
 )
 

@@ -26,10 +26,9 @@ from tests.unit.fuzz.hostile import (
     mutated_dicts,
     record_bytes,
 )
-from tests.unit.workload_sdk._sim import WID as SIM_WID
-from tests.unit.workload_sdk._sim import Sim, make_spec
-from workload_sdk import replay
-from workload_sdk._core import Item
+from tests.unit.workload_sdk.sim import WID as SIM_WID
+from tests.unit.workload_sdk.sim import Sim, make_spec
+from workload_sdk import Item, replay
 
 TALLY: Counter[str] = Counter()
 

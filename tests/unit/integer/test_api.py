@@ -18,7 +18,7 @@ import pytest
 
 import fx_integer as fi
 from broker_schema.canonical import hash_from_hex
-from fx_integer import _fixed, artifact, sampling
+from fx_integer import artifact, fixed_point, sampling
 from fx_integer.engine import IntegerEngine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +42,7 @@ def test_every_public_name_resolves_and_is_documented() -> None:
 
 
 def test_the_q16_scale_is_the_engines_format() -> None:
-    assert fi.Q16_FRAC_BITS == _fixed.ACT_FRAC == 16
+    assert fi.Q16_FRAC_BITS == fixed_point.ACT_FRAC == 16
     assert fi.Q16_SCALE == 1 << 16 == 65536
     assert sampling.to_q16(1, "one") == fi.Q16_SCALE  # how the engine parses 1.0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fx_integer import _paths, artifact
+from fx_integer import artifact, model_paths
 
 
 def test_synthetic_roundtrip_is_byte_stable(synth_path: Path, synth: artifact.Artifact) -> None:
@@ -43,7 +43,7 @@ def test_real_codes_exact_vs_gguf(real: artifact.Artifact) -> None:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    r = GGUFReader(str(_paths.locate_gguf()))
+    r = GGUFReader(str(model_paths.locate_gguf()))
     t = {x.name: x for x in r.tensors}
     for name in ("blk.0.attn_k", "blk.29.ffn_down"):
         ref = dequantize(t[name + ".weight"].data, t[name + ".weight"].tensor_type)
@@ -59,7 +59,7 @@ def test_real_codes_exact_vs_gguf(real: artifact.Artifact) -> None:
 @pytest.mark.slow
 def test_reimport_is_deterministic(real: artifact.Artifact, tmp_path: Path) -> None:
     out = tmp_path / "again.nlfxint"
-    _, h = _paths.import_int(out=out, force=True)
+    _, h = model_paths.import_int(out=out, force=True)
     assert h == real.model_hash
 
 

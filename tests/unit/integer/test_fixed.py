@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fx_integer import _fixed as fx
+from fx_integer import fixed_point as fx
 from fx_integer.artifact import f32_to_fixed
 
 

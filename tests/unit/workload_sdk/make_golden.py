@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.unit.workload_sdk._sim import Asker, Sim, facts_for, make_spec
+from tests.unit.workload_sdk.sim import Asker, Sim, facts_for, make_spec
 from workload_sdk import replay
 from workload_sdk._replay import out_slots
 

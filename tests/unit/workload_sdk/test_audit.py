@@ -26,11 +26,11 @@ from broker_schema import (
     decode,
     encode,
 )
-from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
+from fx_kafka.workload_log import LogRecord
+from tests.unit.workload_sdk.sim import WID, Asker, Sim, make_spec
 from tests.unit.workload_sdk.test_merge import _run, actions
 from workload_sdk import AuditReport, WorkloadLog, audit, replay
 from workload_sdk._audit import INVARIANTS, render_report
-from workload_sdk._logview import LogRecord
 from workload_sdk._replay import missing_outputs
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -388,9 +388,9 @@ def test_json_and_table(log: WorkloadLog) -> None:
 
 def test_a_spec_adoption_is_the_one_claim_that_repeats_an_epoch() -> None:
     from broker_schema import ClaimRecord, decode, encode
-    from tests.unit.workload_sdk._sim import Asker, Sim, make_spec
+    from fx_kafka.workload_log import LogRecord
+    from tests.unit.workload_sdk.sim import Asker, Sim, make_spec
     from workload_sdk import audit
-    from workload_sdk._logview import LogRecord
 
     sim = Sim(make_spec())
     sim.start()
@@ -417,9 +417,9 @@ def test_a_malformed_snapshot_is_a_replay_error_not_a_crash() -> None:
     import pytest
 
     from broker_schema import InlineBody, SnapshotRecord, decode, encode
-    from tests.unit.workload_sdk._sim import Asker, Sim, make_spec
+    from fx_kafka.workload_log import LogRecord
+    from tests.unit.workload_sdk.sim import Asker, Sim, make_spec
     from workload_sdk import ReplayError, replay
-    from workload_sdk._logview import LogRecord
 
     sim = Sim(make_spec(snapshot_every=1))
     sim.start()

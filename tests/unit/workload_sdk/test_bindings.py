@@ -7,7 +7,7 @@ import pytest
 
 from broker_schema import BindingSwitch, ClaimRecord, SpecRecord, encode, record_hash
 from broker_schema.binding import claim_in_force, spec_in_force, switch_problem
-from tests.unit.workload_sdk._sim import WID, make_spec
+from tests.unit.workload_sdk.sim import WID, make_spec
 from workload_sdk._bindings import BindingChangeError, plan_rollback, plan_upgrade
 
 A, B, C = ("sha256:" + c * 64 for c in "abc")

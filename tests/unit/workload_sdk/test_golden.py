@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker_schema import MergeEntry, ResponseRecord, Signature, canonical_json, decode
-from tests.unit.workload_sdk._sim import Asker
+from tests.unit.workload_sdk.sim import Asker
 from workload_sdk import (
     EffectResult,
     InputEvent,

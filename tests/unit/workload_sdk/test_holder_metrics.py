@@ -28,7 +28,7 @@ from broker_schema import (
     InputRecord,
     ResponseRecord,
 )
-from tests.unit.workload_sdk._sim import WID, Asker, make_spec
+from tests.unit.workload_sdk.sim import WID, Asker, make_spec
 from workload_sdk import Core, Item
 from workload_sdk._holder_metrics import HolderMetrics
 from workload_sdk._observe import (
@@ -187,7 +187,7 @@ def test_the_fold_replay_and_the_simulator_do_not_need_prometheus() -> None:
         import workload_sdk._holder, workload_sdk._election
         from collections import deque
         from broker_schema import InlineBody, InputRecord
-        from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
+        from tests.unit.workload_sdk.sim import WID, Asker, Sim, make_spec
         from workload_sdk import Core, Item
         core = Core.initial(Asker(), WID)
         bufs = {"in": deque([Item("in", 0, 1, InputRecord(workload_id=WID,

@@ -27,7 +27,7 @@ from broker_schema import (
     request_hash,
 )
 from broker_schema.signatures import SigningKey, answer_refusal
-from tests.unit.workload_sdk._sim import WID, Asker, Sim, make_spec
+from tests.unit.workload_sdk.sim import WID, Asker, Sim, make_spec
 from workload_sdk import (
     Core,
     Item,

@@ -39,7 +39,8 @@ from broker_schema.chunks import (
     split_parts,
 )
 from executor.chunks import FsChunkStore
-from tests.unit.workload_sdk._sim import WID, Sim, make_spec
+from fx_kafka.workload_log import LogGap, RefGap
+from tests.unit.workload_sdk.sim import WID, Sim, make_spec
 from workload_sdk import (
     Core,
     EffectResult,
@@ -53,7 +54,6 @@ from workload_sdk import (
     replay,
 )
 from workload_sdk._kafka_io import resolve_log
-from workload_sdk._logview import LogGap, RefGap
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import compare_outputs
 from workload_sdk._round import merge_batch

@@ -21,7 +21,7 @@ from broker_schema import (
     decode,
     sha256_hex,
 )
-from tests.unit.workload_sdk._sim import WID, Asker, make_spec
+from tests.unit.workload_sdk.sim import WID, Asker, make_spec
 from tests.unit.workload_sdk.test_golden import AskerNewWording
 from workload_sdk import (
     Core,

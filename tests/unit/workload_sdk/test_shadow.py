@@ -19,8 +19,8 @@ from broker_schema import (
     request_hash,
 )
 from broker_schema.binding import shadow_models, shadow_spec
-from tests.unit.workload_sdk._sim import MODEL, MODEL2, WID, Asker, Sim, make_spec
-from workload_sdk._logview import LogRecord, TopicView
+from fx_kafka.workload_log import LogRecord, TopicView
+from tests.unit.workload_sdk.sim import MODEL, MODEL2, WID, Asker, Sim, make_spec
 from workload_sdk._shadow import (
     answers,
     cut_view,

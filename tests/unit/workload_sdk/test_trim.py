@@ -27,9 +27,9 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.workload import HORIZON_UNKNOWN, retention_message, retention_problems
-from tests.unit.workload_sdk._sim import MODEL, WID, Asker, Sim, make_spec
+from fx_kafka.workload_log import LogRecord
+from tests.unit.workload_sdk.sim import MODEL, WID, Asker, Sim, make_spec
 from workload_sdk import LogGap, TrimPlan, WorkloadLog, diff, plan_trim, replay, why
-from workload_sdk._logview import LogRecord
 from workload_sdk._replay import compare_outputs
 from workload_sdk._trim import TRIMMED
 

@@ -43,6 +43,8 @@ from broker_schema import (
     sha256_hex,
 )
 from broker_schema.chunks import chunk_ref_of
+from broker_schema.streams import SourceRecord
+from fx_kafka.workload_log import LogRecord
 from workload_sdk import (
     EffectResult,
     InputEvent,
@@ -54,7 +56,6 @@ from workload_sdk import (
     infer,
 )
 from workload_sdk._core import Core, Item
-from workload_sdk._logview import LogRecord
 from workload_sdk._replay import missing_outputs, replay
 from workload_sdk._round import merge_batch, outcomes_due, tick_due
 
@@ -245,8 +246,7 @@ class SimHolder:
                 rec = view.records.get(offset)
                 if rec is not None:
                     record = decode(rec.value)
-                    assert isinstance(record, InputRecord | AcceptedRecord | ResponseRecord
-                                      | TickRecord)
+                    assert isinstance(record, SourceRecord)
                     # the real holder reads what a reference names here (workload_sdk._refs_io);
                     # the simulated log holds those bytes already (Sim.input_body)
                     self.bufs[source].append(Item(source, offset, rec.time_ms,  # type: ignore[arg-type]

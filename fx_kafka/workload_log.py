@@ -1,8 +1,9 @@
-"""A workload's recorded log in memory: what replay, diff and why read. No I/O but JSONL files.
+"""A workload's recorded log: what replay, diff, why, audit, verify and the console read.
 
-A :class:`WorkloadLog` holds one :class:`TopicView` per workload stream (and the executors' facts).
-It comes from the broker (:func:`workload_sdk._kafka_io.read_workload_log`) or from a JSONL file
-(golden logs beside the tests), one line per record:
+A :class:`WorkloadLog` holds one :class:`TopicView` per workload stream (and the executors' facts):
+the one in-memory log of the project. It comes from the broker (:func:`read_topic`,
+:func:`read_facts`; with the referenced bodies resolved: ``workload_sdk.read_workload_log``) or
+from a JSONL file (golden logs beside the tests), one line per record:
 ``{"topic": "in", "offset": 3, "ts": 1796000000000, "value": {...record...}}``.
 """
 
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aiokafka import TopicPartition
 
 from broker_schema import (
     ChunkRef,
@@ -30,9 +33,7 @@ from broker_schema import (
 )
 from broker_schema.binding import accepted_claims, claim_in_force
 from broker_schema.topics import check_workload_id
-
-#: The per-workload streams, by their short name.
-STREAMS = ("in", "spec", "claims", "out", "resp", "merge")
+from fx_kafka.client import check_authorized, make_consumer, read_partition
 
 
 class LogGap(Exception):
@@ -144,7 +145,7 @@ class WorkloadLog:
     """Every stream of one workload, plus the facts executors published (for signatures).
 
     ``resolved``: the bytes of referenced bodies, read and hash-checked when the log was read
-    from the broker (:func:`workload_sdk._kafka_io.read_workload_log`), by ``(stream, offset)``
+    from the broker (``workload_sdk.read_workload_log``), by ``(stream, offset)``
     of the record holding the reference: an input's body (``in``), an answer's output
     (``resp``), a snapshot's chunk state (``merge``). ``unresolved``: why the others could not be
     read (a chunk deleted or never written...): replay raises :class:`RefGap` with it when it
@@ -159,7 +160,8 @@ class WorkloadLog:
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:
         """A log with no records."""
-        return cls(workload_id, {s: TopicView(topics.stream(workload_id, s)) for s in STREAMS})
+        return cls(workload_id,
+                   {s: TopicView(topics.stream(workload_id, s)) for s in topics.STREAMS})
 
     def __getitem__(self, stream: str) -> TopicView:
         return self.views[stream]
@@ -209,7 +211,7 @@ class WorkloadLog:
     def to_jsonl(self, path: Path) -> None:
         """Write the log as JSONL (sorted by stream, then offset)."""
         lines = []
-        for stream in STREAMS:
+        for stream in topics.STREAMS:
             view = self.views[stream]
             lines.append(json.dumps({"topic": stream, "start": view.start, "end": view.end},
                                     sort_keys=True))
@@ -265,7 +267,7 @@ class WorkloadLog:
                 self.facts.append(fact)
             return
         if not isinstance(topic, str) or topic not in self.views:
-            raise ValueError(f"topic {str(topic)[:60]!r} is not one of {list(STREAMS)}")
+            raise ValueError(f"topic {str(topic)[:60]!r} is not one of {list(topics.STREAMS)}")
         view = self.views[topic]
         if "value" not in row:
             view.start = _offset(row.get("start", 0), "start")
@@ -296,3 +298,54 @@ def _guess_workload_id(rows: list[dict[str, Any]]) -> str:
             if isinstance(header, dict) and "workload_id" in header:
                 return str(header["workload_id"])
     raise ValueError("cannot tell the workload id from the log; pass it")
+
+
+# ------------------------------------------------------------------------ from the broker
+async def read_topic(bootstrap: str, topic: str, *, start: int | None = None,
+                     timeout: float = 30.0) -> TopicView:
+    """Every committed record of partition 0 of ``topic`` from ``start`` (default: the log start)
+    up to its last stable offset at the time of the call."""
+    consumer = make_consumer(bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        await check_authorized(consumer, [topic])  # a denied topic: said at once
+        read = await read_partition(consumer, topic, start=start, timeout=timeout)
+    finally:
+        await consumer.stop()
+    view = TopicView(topic=topic, start=read.begin, end=read.begin, mirrored=read.mirrored)
+    for offset, time_ms, value in read.records:
+        view.add(LogRecord(offset, time_ms, value))
+    view.end = max(view.end, read.end)
+    return view
+
+
+async def read_facts(bootstrap: str, timeout: float = 30.0) -> list[FactsRecord]:
+    """The facts records on ``sys.facts`` (all of them, latest last); empty if the topic is
+    absent."""
+    return (await read_facts_since(bootstrap, None, timeout=timeout))[0]
+
+
+async def read_facts_since(bootstrap: str, start: int | None, *, timeout: float = 30.0
+                           ) -> tuple[list[FactsRecord], int | None]:
+    """The facts records on ``sys.facts`` from offset ``start`` (None: the log start), latest
+    last, and the offset to read from next time (``start`` again, and no records, if the topic
+    is absent)."""
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        present = topics.FACTS in await consumer.topics()
+    finally:
+        await consumer.stop()
+    if not present:
+        return [], start
+    facts: list[FactsRecord] = []
+    view = await read_topic(bootstrap, topics.FACTS, start=start, timeout=timeout)
+    for rec in view:
+        try:
+            record = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(record, FactsRecord):
+            facts.append(record)
+    return facts, view.end
