@@ -5,7 +5,7 @@
 
 Builds ``--responses`` Ed25519-signed ``ok`` responses (copies of one in the golden log, an
 executor's, re-signed) of ``--nodes`` nodes, the facts records that
-publish their keys, and times :func:`workload_sdk._observe.check_signatures` over the whole
+publish their keys, and times :func:`workload_sdk._signature_tally.check_signatures` over the whole
 batch, best of ``--rounds`` (the holder checks 32 at a time in a task of its own, between other
 work); then its two parts alone, the canonical signing bytes (RFC 8785 JSON) and the Ed25519
 verify, and ``decode`` (what the holder does to every record anyway), for scale. Prints JSON.
@@ -23,7 +23,7 @@ from typing import Any
 
 from broker_schema import FactsRecord, ResponseRecord, Signature, decode, encode, signatures
 from workload_sdk import WorkloadLog
-from workload_sdk._observe import check_signatures
+from workload_sdk._signature_tally import check_signatures
 
 #: A recorded log whose signed responses serve as the template (an executor's ``ok``).
 GOLDEN = (Path(__file__).resolve().parents[1] / "tests" / "unit" / "workload_sdk" / "golden"

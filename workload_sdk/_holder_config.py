@@ -48,11 +48,11 @@ class HolderConfig:
     ``--no-signature-check``): the shell checks the signature of every response it reads from
     ``.resp`` once resumed, as an observation only (nothing merged, replayed or simulated
     depends on it), with the rule of ``fx why``/``fx audit``
-    (:func:`workload_sdk._observe.check_signatures`): against the keys on ``sys.facts``, read
-    again every ``observe_every_s``, or, given ``fleet_keys`` (the fleet public keys, as
-    ``--fleet-key``), against the key history they certify on ``sys.keys``. A response that
-    does not verify is checked once more after the keys are read again; failures are counted
-    (``fx_holder_signature_failures_total``) and logged at WARNING.
+    (:func:`workload_sdk._signature_tally.check_signatures`): against the keys on
+    ``sys.facts``, read again every ``observe_every_s``, or, given ``fleet_keys`` (the fleet
+    public keys, as ``--fleet-key``), against the key history they certify on ``sys.keys``.
+    A response that does not verify is checked once more after the keys are read again;
+    failures are counted (``fx_holder_signature_failures_total``) and logged at WARNING.
     """
 
     bootstrap: str

@@ -26,7 +26,12 @@ from broker_schema import FactsRecord, ResponseRecord, topics
 from workload_sdk._holder_config import HOLDER_LOG as log
 from workload_sdk._holder_config import HolderConfig, HolderStats
 from workload_sdk._kafka_io import read_facts_since
-from workload_sdk._observe import SignatureFailure, SignatureTally, check_signatures, latest_keys
+from workload_sdk._signature_tally import (
+    SignatureFailure,
+    SignatureTally,
+    check_signatures,
+    latest_keys,
+)
 
 if TYPE_CHECKING:  # the metrics are the process's (cli), never needed to run the fold
     from broker_schema.key_history import KeyHistory
