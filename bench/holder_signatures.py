@@ -5,7 +5,7 @@
 
 Builds ``--responses`` Ed25519-signed ``ok`` responses (copies of one in the golden log, an
 executor's, re-signed) of ``--nodes`` nodes, the facts records that
-publish their keys, and times :func:`workload_sdk._observe.check_signatures` over the whole
+publish their keys, and times :func:`workload_sdk._signature_tally.check_signatures` over the whole
 batch, best of ``--rounds`` (the holder checks 32 at a time in a task of its own, between other
 work); then its two parts alone, the canonical signing bytes (RFC 8785 JSON) and the Ed25519
 verify, and ``decode`` (what the holder does to every record anyway), for scale. Prints JSON.

@@ -14,6 +14,12 @@ time, as a bare receipt), is trusted when some certificate of K for N verifies w
 (when t is unknown: no revocation at all). Rotation is a second certificate: the old key stays
 trusted for what it signed. ``sys.facts`` says which key a node uses *now*; it decides nothing.
 
+Which key a *response* may be signed with is decided once, by :func:`response_key_problem`
+(``fx why``, ``fx audit``, ``fx verify --workload``, the lease holder's signature watcher and
+the console all ask it): with a key history by the rule above, else by the keys nodes publish
+on ``sys.facts`` (unauthenticated: whoever can write ``sys.facts`` decides them). The node it
+checks is the one the response claims produced it (:func:`response_node`).
+
 Limits, stated: t is the signer's own clock, signed by the same key. A revocation after a key
 leaked stops signatures dated later, but the thief can back-date; what was signed before the
 revocation stays trusted only as far as the node's ledger (``fx ledger``) pins it. Revoke at 0
@@ -26,11 +32,14 @@ import base64
 import binascii
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from broker_schema import signatures
-from broker_schema.records import KeyCertRecord, KeyRevokeRecord
+from broker_schema.records import FactsRecord, KeyCertRecord, KeyRevokeRecord, ResponseRecord
 
-__all__ = ["KeyHistory", "KeySpan", "build_history", "record_problem"]
+__all__ = ["KeyHistory", "KeyProblem", "KeyProblemCode", "KeySpan", "TrustedKey",
+           "build_history", "node_keys", "receipt_key_problem", "record_problem",
+           "response_key_problem", "response_node", "response_signer"]
 
 
 @dataclasses.dataclass
@@ -172,3 +181,176 @@ def build_history(records: Iterable[tuple[int, KeyCertRecord | KeyRevokeRecord]]
                 span.revoked_us = rev.revoked_us
                 span.revoke_reason = rev.reason
     return out
+
+
+# ------------------------------------------------------------------------ responses: the one rule
+
+#: Why a response's signing key is not trusted (:class:`KeyProblem`):
+#:
+#: - ``unsigned``: the response carries no signature;
+#: - ``unknown_key``: no key is known for it (no facts record publishes its key id; for a
+#:   receipt key checked against facts: no facts of the node);
+#: - ``other_node``: the key is published on ``sys.facts`` by another node only;
+#: - ``not_certified``: no fleet certificate gives the node that key;
+#: - ``bad_signature``: the key is the node's, but the signature does not verify with it (or the
+#:   published key is unusable);
+#: - ``untrusted``: the key is certified for the node but not at the response's time (revoked,
+#:   or not yet valid), or a receipt is signed by another key than the node's.
+KeyProblemCode = Literal["unsigned", "unknown_key", "other_node", "not_certified",
+                         "bad_signature", "untrusted"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyProblem:
+    """Why a response's signature is not trusted: a :data:`KeyProblemCode`, the node checked,
+    the key id the signature names (None: unsigned), where the keys came from (``facts`` or
+    ``history``), and a sentence for people (``detail``; ``fx why`` shows it as it is)."""
+
+    code: KeyProblemCode
+    node_id: str
+    key_id: str | None
+    source: Literal["facts", "history"]
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrustedKey:
+    """The key a response's signature verified with: the node, the raw key and its id, and
+    where it came from (``facts``: the facts record's node; ``history``: the certificate's
+    offset on ``sys.keys``)."""
+
+    node_id: str
+    public_key: bytes
+    key_id: str
+    source: Literal["facts", "history"]
+    offset: int | None = None
+
+
+def response_node(response: ResponseRecord) -> str:
+    """The node a response claims produced it: its executor block's ``node_id``, else
+    ``written_by``. Its signing key must be trusted for this node: the holder's merge rule
+    (:func:`broker_schema.signatures.answer_refusal`) goes by the same node."""
+    return response.executor.node_id if response.executor is not None else response.written_by
+
+
+def _signed_at(response: ResponseRecord) -> int | None:
+    return response.timing.finished_us if response.timing is not None else None
+
+
+def response_signer(response: ResponseRecord, facts: Sequence[FactsRecord],
+                    history: KeyHistory | None) -> TrustedKey | KeyProblem:
+    """The key ``response`` is validly signed with, trusted for the node it claims
+    (:func:`response_node`) at its time, or why not. Pure.
+
+    With ``history`` (the node keys a fleet key certified, :func:`build_history`): a
+    certificate of the signature's key for the node, the signature verifying with it, and the
+    key trusted at the response's ``timing.finished_us`` (:meth:`KeyHistory.key_problem`);
+    ``facts`` are not read. Without: a record of ``facts`` (the records on ``sys.facts``,
+    oldest first) of that node publishing a key whose raw bytes hash to the signature's key id
+    and with which the signature verifies (the latest such record first).
+
+    Before this one function, ``fx verify --workload`` checked the key against ``written_by``
+    while ``fx why``/``fx audit`` and the holder checked it against the executor's node: a
+    response signed by node A's key that names executor node B was trusted by ``fx verify`` and
+    refused by the others. The executor's node is the right one: it is whom the response says
+    produced the output (and whom the holder's merge rule and people read it as); ``fx verify``
+    was wrong. An executor writes both fields the same, so genuine responses are unaffected.
+    """
+    node = response_node(response)
+    sig = response.signature
+    if sig is None:
+        return KeyProblem("unsigned", node, None, "history" if history is not None else "facts",
+                          "the response carries no signature")
+    if history is not None:
+        span = next((s for s in history.spans(node) if s.key_id == sig.key_id), None)
+        if span is None:
+            return KeyProblem("not_certified", node, sig.key_id, "history",
+                              f"no fleet certificate on sys.keys gives node {node!r} key "
+                              f"{sig.key_id}")
+        problem = signatures.response_signature_problem(response, span.public_key)
+        if problem is not None:
+            return KeyProblem("bad_signature", node, sig.key_id, "history", problem)
+        problem = history.key_problem(node, span.public_key, _signed_at(response))
+        if problem is not None:
+            return KeyProblem("untrusted", node, sig.key_id, "history", problem)
+        return TrustedKey(node, span.public_key, span.key_id, "history", span.offset)
+    published = [f for f in facts if f.key_id == sig.key_id]
+    if not published:
+        return KeyProblem("unknown_key", node, sig.key_id, "facts",
+                          f"no facts record on sys.facts publishes key {sig.key_id}")
+    own = [f for f in published if f.node_id == node]
+    if not own:
+        others = sorted({f.node_id for f in published})
+        return KeyProblem("other_node", node, sig.key_id, "facts",
+                          f"key {sig.key_id} is published by {others}, not by the executor "
+                          f"node {node!r} the response names")
+    failures: list[str] = []
+    for fact in reversed(own):  # latest first
+        try:
+            raw = signatures.public_key_from_text(fact.public_key)
+        except ValueError as exc:
+            failures.append(f"unusable key or signature: {exc}")
+            continue
+        if signatures.key_id(raw) != sig.key_id:
+            failures.append(f"unusable key or signature: the published key hashes to "
+                            f"{signatures.key_id(raw)}, not to its key_id")
+            continue
+        problem = signatures.response_signature_problem(response, raw)
+        if problem is not None:
+            failures.append("the signature does not verify with the published key"
+                            if problem.startswith("the signature does not verify") else
+                            f"unusable key or signature: {problem}")
+            continue
+        return TrustedKey(fact.node_id, raw, sig.key_id, "facts")
+    return KeyProblem("bad_signature", node, sig.key_id, "facts",
+                      "; ".join(dict.fromkeys(failures)))
+
+
+def response_key_problem(response: ResponseRecord, facts: Sequence[FactsRecord],
+                         history: KeyHistory | None) -> KeyProblem | None:
+    """None when the key that signed ``response`` is trusted for the node it claims at its
+    time (with ``history``: by the fleet certificates; else: published by that node on
+    ``facts``) and the signature verifies with it; else why not (:func:`response_signer`, whose
+    docstring says which node, and which caller had it wrong before). Pure."""
+    found = response_signer(response, facts, history)
+    return found if isinstance(found, KeyProblem) else None
+
+
+def receipt_key_problem(response: ResponseRecord, receipt_key: bytes,
+                        facts: Sequence[FactsRecord],
+                        history: KeyHistory | None) -> KeyProblem | None:
+    """Why ``receipt_key`` (the raw key an integer-engine receipt of ``response`` names) is not
+    trusted for the node the response claims (:func:`response_node`) at its time, or None.
+    With ``history``: certified for the node and not revoked then. Without: the key the
+    node's latest record of ``facts`` publishes (``unknown_key`` when the node has none)."""
+    node = response_node(response)
+    if history is not None:
+        problem = history.key_problem(node, receipt_key, _signed_at(response))
+        return None if problem is None else KeyProblem(
+            "untrusted", node, None, "history", problem)
+    latest = [f for f in facts if f.node_id == node][-1:]
+    if not latest:
+        return KeyProblem("unknown_key", node, None, "facts",
+                          f"no facts for node {node} on sys.facts")
+    try:
+        published: bytes | None = signatures.public_key_from_text(latest[0].public_key)
+    except ValueError:
+        published = None
+    if published != receipt_key:
+        return KeyProblem("untrusted", node, None, "facts",
+                          f"not node {node}'s key on sys.facts")
+    return None
+
+
+def node_keys(node_id: str, facts: Sequence[FactsRecord],
+              history: KeyHistory | None) -> list[bytes]:
+    """The keys to check what ``node_id`` signed outside a response (its ledger's
+    checkpoints) with: every key the fleet certified for it (``history``), else the key of its
+    latest record on ``facts`` (none when it has none, or an unusable one)."""
+    if history is not None:
+        return history.public_keys(node_id)
+    latest = [f for f in facts if f.node_id == node_id][-1:]
+    try:
+        return [signatures.public_key_from_text(f.public_key) for f in latest]
+    except ValueError:
+        return []

@@ -17,7 +17,6 @@ does not answer is a 503 page.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -33,7 +32,8 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from broker_schema import DecodeError, FactsRecord, ResponseRecord, decode, signatures, topics
+from broker_schema import DecodeError, FactsRecord, ResponseRecord, decode, topics
+from broker_schema.key_history import node_keys
 from console import views
 from console.store import Cluster
 from console.views import BadInput, NotFound
@@ -230,16 +230,12 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         cached = await workload(wid)
         rows = views.receipt_rows(_responses(cached), ENGINE)
         ledgers: dict[str, dict[str, Any]] = {}
-        facts = {f.node_id: f for f in cached.log.facts}
         for node in sorted({r.node_id for r in rows}):
             values = await cluster.ledger(node)
             if values is None:
                 ledgers[node] = {"present": False}
                 continue
-            keys = []
-            if node in facts:
-                with contextlib.suppress(ValueError):
-                    keys.append(signatures.public_key_from_text(facts[node].public_key))
+            keys = node_keys(node, cached.log.facts, None)  # the one key rule (key_history)
             result = fl.audit(values, node, keys)
             ledgers[node] = {"present": True, "leaves": len(result.tree),
                              "checkpoints": len(result.checkpoints), "pending": result.pending,

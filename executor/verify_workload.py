@@ -4,10 +4,12 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
 ``sys.facts`` (the latest facts of each node), then, for every response that carries a receipt
 (``receipt.integer``) or was written by the integer engine:
 
-1. **the response record's own signature**: Ed25519 over its canonical bytes, against the public
-   key its writer (``written_by``) publishes on ``sys.facts``;
-2. **who signed the receipt**: the receipt's ``public_key`` is that same node key and its
-   ``node_id`` is the writer;
+1. **the response record's own signature**: over its canonical bytes, against the public key
+   the node it claims (its executor's ``node_id``, else ``written_by``:
+   :func:`broker_schema.key_history.response_node`) publishes on ``sys.facts``
+   (:func:`broker_schema.key_history.response_signer`, the rule ``fx why`` and ``fx audit`` use);
+2. **who signed the receipt**: the receipt's ``public_key`` is that same node key
+   (:func:`broker_schema.key_history.receipt_key_problem`) and its ``node_id`` is the writer;
 3. **the record matches the receipt**: ``model_hash`` is ``sha256:`` + the receipt's modelHash,
    the output's ``output_tokens`` are the receipt's and its ``text`` is their decoding;
 4. **the receipt answers the request**: the request at ``request_offset`` on ``.out`` has the same
@@ -30,7 +32,7 @@ Reads ``wl.<id>.resp`` and ``wl.<id>.out`` (read_committed, up to their last sta
 
 Trust: with a key history (``--fleet-key``: :mod:`broker_schema.key_history`, the certificates on
 ``sys.keys`` signed by a fleet key the verifier is given) the response signature and the receipt
-must be by a key certified for the writer node and not revoked at the response's time
+must be by a key certified for the node and not revoked at the response's time
 (``timing.finished_us``), whichever of its keys that is (rotated keys stay valid for what they
 signed); ``sys.facts`` then decides nothing. With ``trusted_keys`` (``--trusted-key``) every
 receipt must be signed by one of those keys. With neither, the node keys come from ``sys.facts``,
@@ -49,7 +51,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_schema import DecodeError, decode, hash_from_hex, signatures, topics
+from broker_schema import DecodeError, decode, hash_from_hex, topics
+from broker_schema.key_history import (
+    KeyProblem,
+    TrustedKey,
+    receipt_key_problem,
+    response_node,
+    response_signer,
+)
 from broker_schema.records import (
     EffectRequest,
     FactsRecord,
@@ -57,7 +66,6 @@ from broker_schema.records import (
     ResponseRecord,
 )
 from fx_kafka.workload_log import WorkloadLog
-from fx_node.identity import verify_response
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
@@ -238,14 +246,6 @@ def artifact_resolver(*, artifact: Path | None = None, store: Path | None = None
 
 
 # ------------------------------------------------------------------------------ checks
-def _raw_key_hex(facts: FactsRecord) -> str | None:
-    """The node key in the receipts' spelling (hex of the same raw 32 bytes)."""
-    try:
-        return signatures.public_key_from_text(facts.public_key).hex()
-    except ValueError:
-        return None
-
-
 def _output_json(resp: ResponseRecord) -> Any:
     body = resp.output
     if isinstance(body, InlineBody) and body.encoding == "json":
@@ -416,6 +416,7 @@ def verify_records(
 
     checks: list[ReceiptCheck] = []
     total = len(found)
+    facts = list(log.facts.values())
     for n, (offset, resp, receipt) in enumerate(found):
         text = ""
         out = _output_json(resp)
@@ -425,34 +426,43 @@ def verify_records(
         check = ReceiptCheck(offset=offset, effect_id=resp.effect_id, node_id=resp.written_by,
                              seq=seq_val if isinstance(seq_val, int) else None, text=text)
         checks.append(check)
-        # 1. the response record's own signature: against a certified key of the writer (with a
-        # key history), else against the writer's key on sys.facts
-        facts = log.facts.get(resp.written_by)
+        # 1. the response record's own signature: against a certified key of the node it claims
+        # (with a key history), else against that node's key on sys.facts (the one rule:
+        # broker_schema.key_history)
+        node = response_node(resp)
         signer: bytes | None = None
-        if key_history is not None:
-            signer = _check_certified_signature(check, resp, key_history)
-        elif facts is None:
-            check.reasons.append(f"no facts for node {resp.written_by} on sys.facts: its "
-                                 "public key is unknown")
-        elif not verify_response(resp, facts.public_key):
-            check.reasons.append(f"the response record's signature does not verify against "
-                                 f"node {resp.written_by}'s key on sys.facts ({facts.key_id})")
+        verdict = response_signer(resp, facts, key_history)
+        if isinstance(verdict, TrustedKey):
+            signer = verdict.public_key
+            check.checks.append(f"response signature (key {verdict.key_id}, certified for the "
+                                "node)" if key_history is not None else
+                                "response signature (node key on sys.facts)")
         else:
-            check.checks.append("response signature (node key on sys.facts)")
+            check.reasons.append(_signature_reason(verdict, node, log.facts.get(node)))
         if receipt is None:
             check.reasons.append("an ok response of the integer engine without a receipt")
             continue
         if progress is not None:
             progress(f"receipt {n + 1}/{total} (offset {offset}): re-executing on the CPU oracle")
-        # 2. who signed the receipt
+        # 2. who signed the receipt: a key trusted for the node, the same as the record's
+        try:
+            receipt_key = bytes.fromhex(str(receipt.get("public_key")))
+        except ValueError:
+            receipt_key = b""
+        problem = receipt_key_problem(resp, receipt_key, facts, key_history)
         if key_history is not None:
-            _check_certified_receipt_key(check, resp, receipt, key_history, signer)
-        elif facts is not None:
-            if receipt.get("public_key") != _raw_key_hex(facts):
-                check.reasons.append(f"the receipt is signed by key {receipt.get('public_key')}, "
-                                     f"not node {resp.written_by}'s key on sys.facts")
+            if problem is not None:
+                check.reasons.append(f"the receipt's key is not trusted: {problem.detail}")
+            elif signer is not None and receipt_key != signer:
+                check.reasons.append("the receipt is signed by another certified key of the node "
+                                     "than its response record")
             else:
-                check.checks.append("receipt key == node key on sys.facts")
+                check.checks.append("receipt key certified for the node")
+        elif problem is None:
+            check.checks.append("receipt key == node key on sys.facts")
+        elif problem.code != "unknown_key":  # no facts of the node: said in 1.
+            check.reasons.append(f"the receipt is signed by key {receipt.get('public_key')}, "
+                                 f"not node {node}'s key on sys.facts")
         if receipt.get("node_id") != resp.written_by:
             check.reasons.append(f"receipt node_id {receipt.get('node_id')!r} is not the "
                                  f"response's writer {resp.written_by!r}")
@@ -513,50 +523,22 @@ def verify_records(
                                 authenticated=trusted is not None or key_history is not None)
 
 
-def _signed_at(resp: ResponseRecord) -> int | None:
-    return resp.timing.finished_us if resp.timing is not None else None
-
-
-def _check_certified_signature(check: ReceiptCheck, resp: ResponseRecord,
-                               history: KeyHistory) -> bytes | None:
-    """The response's signature by a key certified for its writer: the key, or None (with the
-    reason recorded)."""
-    sig = resp.signature
-    if sig is None:
-        check.reasons.append("the response record carries no signature")
-        return None
-    span = next((s for s in history.spans(resp.written_by) if s.key_id == sig.key_id), None)
-    if span is None:
-        check.reasons.append(f"the response is signed by key {sig.key_id}, which no fleet "
-                             f"certificate on {topics.KEYS} gives node {resp.written_by!r}")
-        return None
-    if not verify_response(resp, span.public_key):
-        check.reasons.append(f"the response record's signature does not verify against node "
-                             f"{resp.written_by}'s certified key {span.key_id}")
-        return None
-    problem = history.key_problem(resp.written_by, span.public_key, _signed_at(resp))
-    if problem is not None:
-        check.reasons.append(f"the response's signing key is not trusted: {problem}")
-        return None
-    check.checks.append(f"response signature (key {span.key_id}, certified for the node)")
-    return span.public_key
-
-
-def _check_certified_receipt_key(check: ReceiptCheck, resp: ResponseRecord,
-                                 receipt: dict[str, Any], history: KeyHistory,
-                                 signer: bytes | None) -> None:
-    try:
-        key = bytes.fromhex(str(receipt.get("public_key")))
-    except ValueError:
-        key = b""
-    problem = history.key_problem(resp.written_by, key, _signed_at(resp))
-    if problem is not None:
-        check.reasons.append(f"the receipt's key is not trusted: {problem}")
-    elif signer is not None and key != signer:
-        check.reasons.append("the receipt is signed by another certified key of the node than "
-                             "its response record")
-    else:
-        check.checks.append("receipt key certified for the node")
+def _signature_reason(problem: KeyProblem, node: str, facts: FactsRecord | None) -> str:
+    """The reason ``fx verify`` gives when the response's signature is not trusted."""
+    if problem.code == "unsigned":
+        return "the response record carries no signature"
+    if problem.source == "history":
+        if problem.code == "not_certified":
+            return (f"the response is signed by key {problem.key_id}, which no fleet "
+                    f"certificate on {topics.KEYS} gives node {node!r}")
+        if problem.code == "bad_signature":
+            return (f"the response record's signature does not verify against node {node}'s "
+                    f"certified key {problem.key_id}")
+        return f"the response's signing key is not trusted: {problem.detail}"
+    if facts is None:
+        return f"no facts for node {node} on sys.facts: its public key is unknown"
+    return (f"the response record's signature does not verify against node {node}'s key on "
+            f"sys.facts ({facts.key_id})")
 
 
 def render(result: WorkloadVerification) -> list[str]:

@@ -68,7 +68,6 @@ from workload_sdk._local import (
     local_logits,
     local_tokenize,
 )
-from workload_sdk._observe import check_signatures
 from workload_sdk._replay import (
     DiffReport,
     ReplayError,
@@ -78,6 +77,7 @@ from workload_sdk._replay import (
     out_slots,
     replay,
 )
+from workload_sdk._signature_tally import check_signatures
 from workload_sdk._trim import TopicTrim, TrimPlan, plan_trim
 from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why

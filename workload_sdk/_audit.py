@@ -40,12 +40,12 @@ counted). What each invariant checks, exactly:
     writes an output slot that replay computed and ``.out`` lacks with the epoch of the step that
     computed it; such an output (its step's deliver entry has that epoch and was appended before the
     claim) is counted as ``rewritten``, not a violation. ``signatures`` Every signed ``response`` on
-    ``.resp`` verifies (:func:`workload_sdk._why.verify_signature`, the rule of ``fx why``): against
-    the key its executor node published on ``sys.facts``, or, given a key history (``--fleet-key``),
-    against the keys the fleet key certified for that node. An invalid signature is a violation; a
-    key no facts record publishes is counted ``unchecked``. Unsigned responses are counted:
-    ``unsigned_holder`` for the lease holder's ``timeout``/``unknown`` (unsigned by design: the
-    holder has no node key), ``unsigned`` for the rest (nothing vouches for them; listed in the
+    ``.resp`` verifies (:func:`broker_schema.key_history.response_key_problem`, the one rule):
+    against the key its executor node published on ``sys.facts``, or, given a key history
+    (``--fleet-key``), against the keys the fleet key certified for that node. An invalid signature
+    is a violation; a key no facts record publishes is counted ``unchecked``. Unsigned responses are
+    counted: ``unsigned_holder`` for the lease holder's ``timeout``/``unknown`` (unsigned by design:
+    the holder has no node key), ``unsigned`` for the rest (nothing vouches for them; listed in the
     notes). ``merge_order`` The merge log is a total order the fold can follow: each source
     (``.in``, ``.resp``) is merged in offset order, each record at most once; deliveries number the
     steps 0, 1, 2, ... (from the first retained record on a trimmed ``.merge``) without a gap or a
@@ -96,7 +96,7 @@ from fx_kafka.workload_log import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._core import Core
 from workload_sdk._replay import ReplayError, ReplayResult, compare_outputs, out_slots, replay
-from workload_sdk._why import verify_signature
+from workload_sdk._signature_tally import check_signatures, holder_written
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
@@ -314,12 +314,6 @@ def _read_claims(rd: _Reader, log: WorkloadLog) -> _Claims:
     return _Claims(found)
 
 
-def _holder_written(resp: ResponseRecord, holder_ids: set[str]) -> bool:
-    """A ``timeout``/``unknown`` the lease holder wrote (unsigned, no executor, a holder id)."""
-    return (resp.outcome in _HOLDER_OUTCOMES and resp.signature is None
-            and resp.executor is None and resp.written_by in holder_ids)
-
-
 # ----------------------------------------------------------------------------------- one_answer
 
 
@@ -369,7 +363,7 @@ def _check_one_answer(rd: _Reader, log: WorkloadLog, claims: _Claims,
         if record.effect_id != answer.effect_id:
             inv.violate(merge.topic, rec.offset, f"the entry delivers {record.effect_id} but "
                         f"{resp_view.topic}@{record.source_offset} answers {answer.effect_id}")
-        if answer.outcome in _HOLDER_OUTCOMES and not _holder_written(answer, holders):
+        if answer.outcome in _HOLDER_OUTCOMES and not holder_written(answer, holders):
             inv.violate(resp_view.topic, record.source_offset,
                         f"a delivered {answer.outcome} for {answer.effect_id} written by "
                         f"{answer.written_by!r}, who holds no claim: only the lease holder "
@@ -610,33 +604,24 @@ def _check_signatures(rd: _Reader, log: WorkloadLog, claims: _Claims,
     for name in ("responses", "signed", "valid", "invalid", "unchecked", "unsigned_holder",
                  "unsigned"):
         inv.counts[name] = 0
-    unsigned: list[int] = []
-    unchecked: list[str] = []
-    unsigned_delivered = 0
-    for rec, record in rd.records(resp):
-        if not isinstance(record, ResponseRecord):
-            continue
-        inv.bump("responses")
-        if record.signature is None:
-            if _holder_written(record, holders):
-                inv.bump("unsigned_holder")
-            else:
-                inv.bump("unsigned")
-                unsigned.append(rec.offset)
-                unsigned_delivered += rec.offset in delivered
-            continue
-        inv.bump("signed")
-        verdict = verify_signature(record, log.facts, key_history)
-        if verdict.get("valid") is True:
-            inv.bump("valid")
-        elif verdict.get("valid") is False:
+    responses = [(rec.offset, record) for rec, record in rd.records(resp)
+                 if isinstance(record, ResponseRecord)]
+    tally = check_signatures(responses, log.facts, key_history, holder_ids=holders, final=True)
+    unsigned = [f.offset for f in tally.failures if f.reason == "unsigned"]
+    unchecked = [f"{resp.topic}@{f.offset}" for f in tally.failures if f.reason == "unknown_key"]
+    unsigned_delivered = sum(offset in delivered for offset in unsigned)
+    outcome = {offset: record.outcome for offset, record in responses}
+    inv.counts["responses"] = len(responses)
+    inv.counts["signed"] = tally.checked - len(unsigned)
+    inv.counts["unsigned_holder"] = len(responses) - tally.checked
+    inv.counts["unsigned"] = len(unsigned)
+    inv.counts["unchecked"] = len(unchecked)
+    for f in tally.failures:
+        if f.reason == "invalid":
             inv.bump("invalid")
-            inv.violate(resp.topic, rec.offset, f"the signature of {record.effect_id} "
-                        f"({record.outcome}, node {verdict.get('node_id')!r}) is INVALID: "
-                        f"{verdict.get('reason')}")
-        else:
-            inv.bump("unchecked")
-            unchecked.append(f"{resp.topic}@{rec.offset}")
+            inv.violate(resp.topic, f.offset, f"the signature of {f.effect_id} "
+                        f"({outcome[f.offset]}, node {f.node_id!r}) is INVALID: {f.detail}")
+    inv.counts["valid"] = inv.counts["signed"] - inv.counts["invalid"] - len(unchecked)
     inv.note("checked against the node keys the fleet key certified on sys.keys"
              if key_history is not None else
              f"checked against the keys published on sys.facts ({len(log.facts)} facts "

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from workload_sdk._observe import SIGNATURE_FAILURE_REASONS
 from workload_sdk._round import Answer
+from workload_sdk._signature_tally import SIGNATURE_FAILURE_REASONS
 
 __all__ = ["REJECTED_REASONS", "HolderMetrics"]
 
@@ -130,7 +130,7 @@ class HolderMetrics:
 
     def signatures(self, workload: str, checked: int, failed_by: Mapping[str, int]) -> None:
         """Signatures checked, and failures by reason
-        (:func:`workload_sdk._observe.check_signatures`)."""
+        (:func:`workload_sdk._signature_tally.check_signatures`)."""
         if checked:
             self.signatures_checked.labels(workload).inc(checked)
         for reason, n in failed_by.items():

@@ -22,8 +22,8 @@ from broker_schema import (
     ResponseRecord,
     SnapshotRecord,
     sha256_hex,
-    signatures,
 )
+from broker_schema.key_history import TrustedKey, response_node, response_signer
 from fx_kafka.workload_log import LogGap, WorkloadLog
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ MAX_HOPS = 64
 
 def verify_signature(resp: ResponseRecord, facts: list[FactsRecord],
                      history: KeyHistory | None = None) -> dict[str, Any]:
-    """Check the signature of ``resp`` over :meth:`ResponseRecord.signing_bytes`.
+    """Check the signature of ``resp`` over :meth:`ResponseRecord.signing_bytes`: the rule is
+    :func:`broker_schema.key_history.response_signer` (one for ``fx why``, ``fx audit``,
+    ``fx verify`` and the holder); this says its verdict as ``fx why`` shows it.
 
     With ``history`` (the node keys a fleet key certified on ``sys.keys``,
     :mod:`broker_schema.key_history`): ``valid`` is True only when the signature's key is
@@ -54,63 +56,21 @@ def verify_signature(resp: ResponseRecord, facts: list[FactsRecord],
     sig = resp.signature
     if sig is None:
         return {"signed": False, "valid": None, "reason": "the response carries no signature"}
-    node = resp.executor.node_id if resp.executor is not None else resp.written_by
-    out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": node,
+    found = response_signer(resp, facts, history)
+    out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": response_node(resp),
                            "authenticated": False}
-    if history is not None:
-        return _certified(resp, node, history, out)
-    published = [f for f in facts if f.key_id == sig.key_id]
-    if not published:
-        out.update(valid=None, reason=f"no facts record on sys.facts publishes key {sig.key_id}")
+    if isinstance(found, TrustedKey):
+        if found.source == "history":
+            out.update(valid=True, authenticated=True,
+                       reason=f"verified with a key the fleet key certified for node "
+                              f"{found.node_id!r} (sys.keys@{found.offset})")
+        else:
+            out.update(valid=True, reason="verified with the key published on sys.facts",
+                       facts_node=found.node_id)
         return out
-    own = [f for f in published if f.node_id == node]
-    if not own:
-        others = sorted({f.node_id for f in published})
-        out.update(valid=False, reason=f"key {sig.key_id} is published by {others}, not by "
-                   f"the executor node {node!r} the response names")
-        return out
-    failures: list[str] = []
-    for fact in reversed(own):  # latest first
-        try:
-            raw = signatures.public_key_from_text(fact.public_key)
-        except ValueError as exc:
-            failures.append(f"unusable key or signature: {exc}")
-            continue
-        if signatures.key_id(raw) != sig.key_id:
-            failures.append(f"unusable key or signature: the published key hashes to "
-                            f"{signatures.key_id(raw)}, not to its key_id")
-            continue
-        problem = signatures.response_signature_problem(resp, raw)
-        if problem is not None:
-            failures.append("the signature does not verify with the published key"
-                            if problem.startswith("the signature does not verify") else
-                            f"unusable key or signature: {problem}")
-            continue
-        out.update(valid=True, reason="verified with the key published on sys.facts",
-                   facts_node=fact.node_id)
-        return out
-    out.update(valid=False, reason="; ".join(dict.fromkeys(failures)), facts_node=node)
-    return out
-
-
-def _certified(resp: ResponseRecord, node: str, history: KeyHistory,
-               out: dict[str, Any]) -> dict[str, Any]:
-    assert resp.signature is not None
-    span = next((s for s in history.spans(node) if s.key_id == resp.signature.key_id), None)
-    if span is None:
-        out.update(valid=False, reason=f"no fleet certificate on sys.keys gives node {node!r} "
-                   f"key {resp.signature.key_id}")
-        return out
-    problem = signatures.response_signature_problem(resp, span.public_key)
-    if problem is None:
-        at_us = resp.timing.finished_us if resp.timing is not None else None
-        problem = history.key_problem(node, span.public_key, at_us)
-    if problem is not None:
-        out.update(valid=False, reason=problem)
-        return out
-    out.update(valid=True, authenticated=True,
-               reason=f"verified with a key the fleet key certified for node {node!r} "
-                      f"(sys.keys@{span.offset})")
+    out.update(valid=None if found.code == "unknown_key" else False, reason=found.detail)
+    if found.source == "facts" and found.code == "bad_signature":
+        out["facts_node"] = found.node_id
     return out
 
 

@@ -3,11 +3,31 @@ a fleet key, rotation keeping old keys valid for what they signed, and every for
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from broker_schema import decode, encode, signatures
-from broker_schema.key_history import build_history
-from broker_schema.records import KeyCertRecord, KeyRevokeRecord, Signature
+from broker_schema.key_history import (
+    KeyProblem,
+    TrustedKey,
+    build_history,
+    node_keys,
+    receipt_key_problem,
+    response_key_problem,
+    response_node,
+    response_signer,
+)
+from broker_schema.records import (
+    ExecutorInfo,
+    FactsRecord,
+    InlineBody,
+    KeyCertRecord,
+    KeyRevokeRecord,
+    ResponseRecord,
+    Signature,
+    Timing,
+)
 from broker_schema.signatures import SigningKey
 from fx_kafka.keys import certify, fleet_public_keys, revoke
 
@@ -127,3 +147,83 @@ def test_the_documented_example_certificate_verifies_with_its_fleet_key() -> Non
     assert not h.ignored
     (span,) = h.spans("gpu-node-1")
     assert span.revoked_us == 1797000000000000
+
+
+# -- responses: the one rule (response_key_problem) --------------------------------------------
+
+
+def _response(key: SigningKey, *, executor_node: str, written_by: str) -> ResponseRecord:
+    from tests.unit.executor.helpers import request
+
+    req = request("wl1", "sha256:" + "a" * 64)
+    resp = ResponseRecord(
+        effect_id=req.effect_id, header=req.header, request_offset=3, outcome="ok",
+        output=InlineBody.of_json({"text": "hi"}), model_hash="sha256:" + "a" * 64,
+        executor=ExecutorInfo(node_id=executor_node, engine="integer", engine_version="1",
+                              device_class="cpu"),
+        timing=Timing(received_us=NOW, started_us=NOW, finished_us=NOW + 5),
+        written_by=written_by)
+    sig = Signature(alg=key.key_type, key_id=key.key_id,
+                    value=base64.b64encode(key.sign(resp.signing_bytes())).decode())
+    return resp.model_copy(update={"signature": sig})
+
+
+def _facts(node: str, key: SigningKey) -> FactsRecord:
+    return FactsRecord(node_id=node, kinds=(), public_key=key.public_key_b64, key_id=key.key_id,
+                       updated_us=NOW)
+
+
+def test_a_response_is_judged_for_the_node_it_claims(fleet: SigningKey) -> None:
+    node_a = SigningKey.generate()
+    history = build_history([(0, certify(fleet, "n1", node_a.public_key, now_us=NOW))],
+                            [fleet.public_key])
+    genuine = _response(node_a, executor_node="n1", written_by="n1")
+    assert response_key_problem(genuine, [], history) is None
+    assert response_key_problem(genuine, [_facts("n1", node_a)], None) is None
+    signer = response_signer(genuine, [], history)
+    assert isinstance(signer, TrustedKey) and signer.public_key == node_a.public_key
+    # signed by n1's key, written by n1, but naming executor n2: the case where `fx verify`
+    # (which checked written_by) trusted it and `fx why`/`fx audit`/the holder (which check the
+    # executor's node) refused it. The one rule checks the node it claims produced it: n2.
+    posing = _response(node_a, executor_node="n2", written_by="n1")
+    assert response_node(posing) == "n2"
+    assert history.key_problem("n1", node_a.public_key, NOW + 5) is None  # the old fx verify
+    by_history = response_key_problem(posing, [], history)
+    assert by_history is not None and by_history.code == "not_certified"
+    assert by_history.node_id == "n2" and "'n2'" in by_history.detail
+    by_facts = response_key_problem(posing, [_facts("n1", node_a)], None)
+    assert by_facts is not None and by_facts.code == "other_node"
+    # fx verify now says the same (its facts rule refused nothing here before)
+    from executor.verify_workload import ReceiptLog, verify_records
+
+    def reasons(resp: ResponseRecord) -> list[str]:
+        log = ReceiptLog("wl1", [(0, resp)], {}, {"n1": _facts("n1", node_a)})
+        result = verify_records(log, resolve=lambda _: None)  # type: ignore[arg-type,return-value]
+        return result.receipts[0].reasons
+
+    assert reasons(genuine) == ["an ok response of the integer engine without a receipt"]
+    assert reasons(posing)[0] == ("no facts for node n2 on sys.facts: its public key is "
+                                  "unknown")
+
+
+def test_response_key_problems_are_typed(fleet: SigningKey) -> None:
+    key, other = SigningKey.generate(), SigningKey.generate()
+    resp = _response(key, executor_node="n1", written_by="n1")
+    unsigned = resp.model_copy(update={"signature": None})
+    assert (response_key_problem(unsigned, [], None) or _NO).code == "unsigned"
+    assert (response_key_problem(resp, [], None) or _NO).code == "unknown_key"
+    tampered = resp.model_copy(update={"request_offset": 4})
+    assert (response_key_problem(tampered, [_facts("n1", key)], None) or _NO).code \
+        == "bad_signature"
+    history = build_history([(0, certify(fleet, "n1", key.public_key, now_us=NOW)),
+                             (1, revoke(fleet, "n1", key.key_id, from_us=NOW + 1))],
+                            [fleet.public_key])
+    assert (response_key_problem(resp, [], history) or _NO).code == "untrusted"
+    assert (receipt_key_problem(resp, other.public_key, [_facts("n1", key)], None)
+            or _NO).code == "untrusted"
+    assert receipt_key_problem(resp, key.public_key, [_facts("n1", key)], None) is None
+    assert node_keys("n1", [_facts("n1", other), _facts("n1", key)], None) == [key.public_key]
+    assert node_keys("n9", [_facts("n1", key)], None) == []
+
+
+_NO = KeyProblem("unsigned", "", None, "facts", "no problem where one was expected")

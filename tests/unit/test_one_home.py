@@ -263,7 +263,7 @@ def _stream_kind_problems(rel: str, tree: ast.Module) -> Iterator[str]:
 #: Files whose copy is the business of another change of issue 25 (the lease holder split by
 #: job): ``_decode`` picks ``.in``/``.resp`` classes by hand; it becomes
 #: ``broker_schema.streams.STREAM_RECORDS[source]``. Empty this when that lands.
-_STREAM_KINDS_PENDING = {"workload_sdk/_holder.py"}
+_STREAM_KINDS_PENDING: set[str] = set()
 
 
 def test_stream_kinds_are_declared_once() -> None:
@@ -293,3 +293,88 @@ def test_the_stream_tables_are_derived_from_one_declaration() -> None:
                                 streams.SYSTEM_RECORDS) for ms in table.values() for m in ms]
     declared += streams.ACTUATOR_RECORDS
     assert set(declared) == set(RECORD_TYPES.values()), "every record kind belongs somewhere"
+
+# ================================================================================================
+# Key trust and three-argument signature checks (issue 25). Which key to trust for a response is
+# decided only in broker_schema.key_history (response_key_problem / response_signer, the node it
+# claims, the key history or sys.facts); every signature check is a three-argument call that
+# names the key, the signature and what it signs (signatures.verify), or the response, the facts
+# and the history (key_history.response_key_problem) -- never a two-argument form that hides one.
+# ================================================================================================
+
+KEY_TRUST_HOME = "broker_schema/"
+#: Bare integer receipts (``fx verify`` on files) carry their own node and time and no response:
+#: they ask the key history's rule (KeyHistory.key_problem) directly.
+KEY_TRUST_BARE_RECEIPTS = {"executor/integer_cli.py"}
+#: KeyHistory's lookups and rule: only key_history chooses the node and time they are asked for.
+_HISTORY_LOOKUPS = {"key_problem", "spans", "span"}
+
+
+def _key_trust_problems(rel: str, tree: ast.Module) -> Iterator[str]:
+    if rel.startswith((KEY_TRUST_HOME, "tests/")):
+        return
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _HISTORY_LOOKUPS and rel not in KEY_TRUST_BARE_RECEIPTS):
+            yield (f"{rel}:{node.lineno}: KeyHistory.{node.func.attr}() asked outside "
+                   "broker_schema.key_history: use response_key_problem / receipt_key_problem")
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "key_id" for s in sides):
+                yield (f"{rel}:{node.lineno}: a key id compared outside "
+                       "broker_schema.key_history (which key to trust is decided there)")
+
+
+#: Two-argument checks: a response against one key (the facts or history that chose it hidden).
+_TWO_ARG_RESPONSE_CHECKS = {"response_signature_problem", "verify_response"}
+#: The three-argument checks: (key, signature, message).
+_THREE_ARG_CHECKS = {"verify", "verify_ed25519"}
+#: The receipt verifier checks a record against the key its own receipt names (no trust
+#: decision: which key is trusted is asked of key_history by its callers); executor.identity
+#: keeps verify_response for a node checking what it signed.
+TWO_ARG_RESPONSE_CHECK_OK = {"fx_integer/verifier.py", "executor/identity.py"}
+#: An independent implementation that cross-checks the test vectors, on purpose.
+INDEPENDENT_VERIFY_OK = {"tests/unit/integer/test_receipt_vectors.py"}
+
+
+def _signature_names(tree: ast.Module) -> set[str]:
+    """The names a module imports from broker_schema.signatures or executor.identity (a local
+    ``verify`` of a test, a CLI helper, is not a signature check)."""
+    return {alias.asname or alias.name for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and node.module in ("broker_schema.signatures", "executor.identity")
+            for alias in node.names}
+
+
+def _three_arg_problems(rel: str, tree: ast.Module) -> Iterator[str]:
+    if rel in SIGNATURE_HOME or rel.startswith(KEY_TRUST_HOME):
+        return
+    imported = _signature_names(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute):
+            name: str | None = node.func.attr  # signatures.verify, key.verify, ...
+        elif isinstance(node.func, ast.Name) and node.func.id in imported:
+            name = node.func.id
+        else:
+            continue
+        positional = len(node.args)
+        if (name in _THREE_ARG_CHECKS and positional == 2 and not node.keywords
+                and rel not in INDEPENDENT_VERIFY_OK):
+            yield (f"{rel}:{node.lineno}: {name}() with two arguments (a key object's check): "
+                   "use broker_schema.signatures.verify(key, signature, message)")
+        if (name in _TWO_ARG_RESPONSE_CHECKS and not rel.startswith("tests/")
+                and rel not in TWO_ARG_RESPONSE_CHECK_OK):
+            yield (f"{rel}:{node.lineno}: {name}(response, key): check a response with "
+                   "broker_schema.key_history.response_key_problem(response, facts, history)")
+
+
+def test_key_trust_is_decided_only_in_broker_schema_key_history() -> None:
+    problems = [p for rel, tree in _sources() for p in _key_trust_problems(rel, tree)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_signature_checks_take_three_arguments() -> None:
+    problems = [p for rel, tree in _sources() for p in _three_arg_problems(rel, tree)]
+    assert problems == [], "\n".join(problems)

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker_schema import signatures
 from fx_integer import ledger as L
 
 # The Certificate Transparency reference leaves and tree heads (RFC 6962 / RFC 9162 hashing).
@@ -198,7 +199,7 @@ def test_checkpoint_note_format() -> None:
     raw = base64.b64decode(sig_line.split(" ")[2])
     assert raw[:4] == hashlib.sha256(name.encode() + b"\n\x01" + pub).digest()[:4]
     assert len(raw) == 68
-    key.public_key().verify(raw[4:], body.encode())
+    assert signatures.verify(pub, raw[4:], body.encode())
     cp = L.open_checkpoint(note, "n1", pub)
     assert (cp.origin, cp.size, cp.root) == (name, 8, CT_ROOTS[8])
     vkey = L.verifier_key(name, pub)

@@ -14,7 +14,7 @@ from broker_schema.key_history import build_history
 from fx_kafka.keys import certify
 from workload_sdk import WorkloadLog, audit
 from workload_sdk._holder_metrics import HolderMetrics
-from workload_sdk._observe import (
+from workload_sdk._signature_tally import (
     SIGNATURE_FAILURE_REASONS,
     check_signatures,
     holder_written,
