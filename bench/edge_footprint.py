@@ -31,15 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker_schema import INFERENCE_KIND, OutputRecord, decode, topics
+from executor_setup import gate_processes
+
+from broker_schema import OutputRecord, decode
 from fx_kafka.local import LocalKafka
 from fx_kafka.mirror import Mirror
 from workload_sdk.examples.filetype_corpus import corpus
-from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness, fx_command
+from workload_sdk.testing import fx_command
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -193,22 +193,12 @@ async def main(files: int, heap: str, seed: int, with_mirror: bool) -> dict[str,
         result["idle_broker"] = sample(broker_pid)
         result["idle_broker_disk"] = disk(site.log_dir)
         wid = f"edge-{int(time.time()) % 10**6}"
-        config = {
-            "node_id": "edge-node-1", "bootstrap": site.bootstrap,
-            "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-edge-{wid}",
-            "model_dir": str(store), "key_file": str(work / "node.key"),
-            "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
-            "facts_interval_s": 0, "device": "cpu",
-        }
-        (work / "executor.json").write_text(json.dumps(config))
         data = corpus(files, seed=seed)
         result["input_bytes"] = sum(len(d) for d in data)
-        async with WorkloadHarness(site.bootstrap, wid, MODULE,
-                                   effect_kinds=(INFERENCE_KIND, GATE_KIND),
-                                   models={"filetype": model_hash}, log_dir=work,
-                                   snapshot_every=50) as h:
-            executor = h.start_executor("--config", str(work / "executor.json"))
-            holder = h.start_holder("edge-holder")
+        async with gate_processes(site.bootstrap, wid, store, model_hash, work,
+                                  node_id="edge-node-1", group_prefix=f"fx-edge-{wid}",
+                                  holder_id="edge-holder", snapshot_every=50
+                                  ) as (h, executor, holder):
             # warm: one file through the whole loop (magika loaded, holder claimed)
             await h.send_input(data[0], source="upload")
             while _count(await h.read_log(), "gate") < 1:

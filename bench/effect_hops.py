@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 from aiokafka import TopicPartition  # noqa: E402
-from effect_roundtrip import ping_pong, summary  # noqa: E402
+from effect_roundtrip import Ping, ping_pong, summary  # noqa: E402
+from executor_setup import executor_settings  # noqa: E402
 from executor_throughput import trivial_model  # noqa: E402
 
 from broker_schema import (  # noqa: E402
@@ -69,15 +70,8 @@ from fx_kafka.testing import broker_for_tests  # noqa: E402
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics  # noqa: E402
 from fx_node.shell import NodeShell  # noqa: E402
 from workload_sdk import (  # noqa: E402
-    EffectResult,
     HolderConfig,
-    InputEvent,
     LeaseHolder,
-    Output,
-    State,
-    Workload,
-    emit,
-    infer,
     module_hash,
 )
 
@@ -134,20 +128,6 @@ class TimingPoints:
         self._saved.clear()
 
 
-class Add1(Workload):
-    """One inference of the trivial model per input (the input is the model's tensor JSON)."""
-
-    def initial_state(self) -> State:
-        return {"n": 0}
-
-    def step(self, state: State, event: InputEvent | EffectResult) -> tuple[State,
-                                                                            Sequence[Output]]:
-        if isinstance(event, InputEvent):
-            return {"n": state["n"] + 1}, [infer(model="m", input=event.json(),
-                                                 deadline_ms=30_000)]
-        return state, [emit({"outcome": event.outcome})]
-
-
 async def _log(bootstrap: str, topic: str, until: int) -> list[Any]:
     """Every record of ``topic`` (partition 0) with its append time, up to ``until`` records."""
     consumer = make_consumer(bootstrap, isolation_level="read_uncommitted")
@@ -174,20 +154,17 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     await ensure_workload_topics(bootstrap, wid)
     producer = make_producer(bootstrap)
     await producer.start()
-    spec = SpecRecord(workload_id=wid, module_hash=module_hash(Add1), effect_kinds=(
+    spec = SpecRecord(workload_id=wid, module_hash=module_hash(Ping), effect_kinds=(
         INFERENCE_KIND,), models={"m": model}, snapshot_every=10_000)
     await producer.send_and_wait(topics.spec(wid), encode(spec), partition=0)
-    cfg = load_config(
-        environ={}, node_id=f"hops-{wid}", bootstrap=bootstrap,
-        topic_pattern=topics.out_pattern(wid), group_prefix=f"hops-{wid}",
-        model_dir=store.root, key_file=tmp / "node.key", chunk_dir=tmp / "chunks",
-        http_port=None, workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000},
-        preload=[model], metadata_max_age_ms=500, facts_interval_s=0)
+    cfg = load_config(environ={}, **executor_settings(
+        bootstrap, wid, tmp, store.root, node_id=f"hops-{wid}", group_prefix=f"hops-{wid}",
+        workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000}, preload=[model]))
     points = TimingPoints()
     points.install()
     service = ExecutorService(cfg)
     exec_task = asyncio.create_task(service.run())
-    holder = LeaseHolder(Add1(), HolderConfig(bootstrap=bootstrap, workload_id=wid,
+    holder = LeaseHolder(Ping(), HolderConfig(bootstrap=bootstrap, workload_id=wid,
                                               holder_id="hops", poll_ms=50,
                                               force_placement=True))
     stop = asyncio.Event()

@@ -42,6 +42,8 @@ from aiokafka import TopicPartition
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from executor_setup import executor_settings  # noqa: E402
+
 from broker_schema import decode, encode, topics  # noqa: E402
 from broker_schema.records import (  # noqa: E402
     INFERENCE_KIND,
@@ -127,14 +129,10 @@ class Bench:
         await ensure_workload_topics(self.bootstrap, wid)
         producer = make_producer(self.bootstrap)
         await producer.start()
-        cfg = load_config(
-            environ={}, node_id=f"bench-{wid}", bootstrap=self.bootstrap,
-            topic_pattern=topics.out_pattern(wid), group_prefix=f"bench-{wid}",
-            model_dir=self.store.root, key_file=self.tmp / "node.key",
-            chunk_dir=self.tmp / "chunks", http_port=None, workers=1, max_batch=max_batch,
-            kinds={INFERENCE_KIND: 10_000}, preload=[model_hash], metadata_max_age_ms=500,
-            facts_interval_s=0,
-        )
+        cfg = load_config(environ={}, **executor_settings(
+            self.bootstrap, wid, self.tmp, self.store.root, node_id=f"bench-{wid}",
+            group_prefix=f"bench-{wid}", workers=1, max_batch=max_batch,
+            kinds={INFERENCE_KIND: 10_000}, preload=[model_hash]))
         service = ExecutorService(cfg)
         task = asyncio.create_task(service.run())
         resp_consumer = make_consumer(self.bootstrap, isolation_level="read_uncommitted")

@@ -78,9 +78,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "bench") not in sys.path:  # its helpers, also when loaded by file (tests)
+    sys.path.append(str(ROOT / "bench"))
 
 from aiokafka import TopicPartition  # noqa: E402
 from aiokafka.errors import KafkaError  # noqa: E402
+from executor_setup import write_executor_config  # noqa: E402
 
 from broker_schema import (  # noqa: E402
     INFERENCE_KIND,
@@ -906,18 +909,14 @@ class _Phase:
 
     # -- processes --------------------------------------------------------------------------
     def _executor_config(self, slot: str) -> Path:
-        path = self.workdir / f"executor-{slot}.json"
-        path.write_text(json.dumps({
-            "node_id": f"exec-{slot}", "bootstrap": self.bootstrap,
-            "topic_pattern": topics.out_pattern(self.wid), "group_prefix": f"fx-faults-{self.wid}",
-            "model_dir": str(self.store), "key_file": str(self.workdir / f"node-{slot}.key"),
-            "chunk_dir": str(self.workdir / f"chunks-{slot}"), "http_port": None,
-            "preload": "all", "metadata_max_age_ms": 500,
-            "session_timeout_ms": self.cfg.executor_session_timeout_ms,
-            "heartbeat_interval_ms": min(500, self.cfg.executor_session_timeout_ms // 4),
-            "facts_interval_s": 0, "device": "cpu",
-        }))
-        return path
+        session_ms = self.cfg.executor_session_timeout_ms
+        return write_executor_config(
+            self.workdir / f"executor-{slot}.json", self.bootstrap, self.wid, self.store,
+            node_id=f"exec-{slot}", group_prefix=f"fx-faults-{self.wid}",
+            key_file=str(self.workdir / f"node-{slot}.key"),
+            chunk_dir=str(self.workdir / f"chunks-{slot}"), preload="all",
+            session_timeout_ms=session_ms, heartbeat_interval_ms=min(500, session_ms // 4),
+            device="cpu")
 
     def _start_executor(self, slot: str) -> _Proc:
         self.instances[f"exec-{slot}"] += 1

@@ -24,11 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker_schema import INFERENCE_KIND, OutputRecord, decode, topics
+from executor_setup import gate_processes
+
+from broker_schema import OutputRecord, decode
 from fx_kafka.local import LocalKafka
 from workload_sdk.examples.filetype_corpus import corpus
-from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness, fx_command
+from workload_sdk.testing import fx_command
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
@@ -61,21 +62,10 @@ async def main(files: int, out: Path, seed: int) -> int:
     await kafka.astart(timeout=180)
     try:
         wid = f"gate-{int(time.time()) % 10**6}"
-        config = {
-            "node_id": "gpu-node-1", "bootstrap": kafka.bootstrap,
-            "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-case-{wid}",
-            "model_dir": str(store), "key_file": str(work / "node.key"),
-            "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
-            "facts_interval_s": 0, "device": "cpu",
-        }
-        (work / "executor.json").write_text(json.dumps(config))
         data = corpus(files, seed=seed)
-        async with WorkloadHarness(kafka.bootstrap, wid, MODULE,
-                                   effect_kinds=(INFERENCE_KIND, GATE_KIND),
-                                   models={"filetype": v32}, log_dir=work,
-                                   snapshot_every=50) as h:
-            executor = h.start_executor("--config", str(work / "executor.json"))
-            holder = h.start_holder("case-holder")
+        async with gate_processes(kafka.bootstrap, wid, store, v32, work, node_id="gpu-node-1",
+                                  group_prefix=f"fx-case-{wid}", holder_id="case-holder",
+                                  snapshot_every=50) as (h, executor, holder):
             for d in data:
                 await h.send_input(d, source="upload")
             t0 = time.monotonic()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import ExecutorHarness
 from workload_sdk.testing import executor_available, fx_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +33,16 @@ def magika_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
                             check=True, capture_output=True, timeout=120, cwd=ROOT)
     (model,) = [m for m in json.loads(listed.stdout) if m["interface"] == "magika"]
     return store, str(model["hash"])
+
+
+@pytest.fixture
+def executor_harness(tmp_path: Path) -> Callable[..., ExecutorHarness]:
+    """Make an :class:`~tests.integration.harness.ExecutorHarness` working in ``tmp_path``:
+    ``async with executor_harness(bootstrap, workload_id, model_dir, models={...}) as h:``,
+    then ``executor, holder = h.start_nodes("holder-id")`` (or start them one by one). The
+    executor's config is ``tmp_path / "executor.json"``; ``executor={...}`` overrides settings
+    of it; the processes are stopped when the block ends."""
+    return functools.partial(ExecutorHarness, work=tmp_path)
 
 
 #: The second magika model: standard_v3_2 from the magika 0.6.1 wheel that `make install`

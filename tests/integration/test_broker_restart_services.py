@@ -45,6 +45,7 @@ from executor.models import ModelStore
 from fx_kafka.client import make_producer
 from fx_kafka.local import LocalKafka
 from fx_kafka.retry import batch_lost
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import (
     EffectResult,
     InputEvent,
@@ -187,21 +188,12 @@ async def _run(kafka: LocalKafka, bootstrap: str, tmp: Path) -> None:
     await asyncio.to_thread(store.import_package, "magika")
     model_hash = next(m.hash for m in store.list() if m.interface == "magika")
     wid = f"restart{int(time.time() * 1000) % 10**9}"
-    config = {
-        "node_id": "exec-restart", "bootstrap": bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store.root), "key_file": str(tmp / "node.key"),
-        "chunk_dir": str(tmp / "chunks"), "http_port": None, "preload": "all",
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    (tmp / "executor.json").write_text(json.dumps(config))
     figures: dict[str, float] = {}
-    async with WorkloadHarness(bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND,),
-                               models={"filetype": model_hash}, log_dir=tmp,
+    async with ExecutorHarness(bootstrap, wid, store.root, work=tmp, module=MODULE,
+                               effect_kinds=(INFERENCE_KIND,), models={"filetype": model_hash},
+                               executor={"node_id": "exec-restart", "preload": "all"},
                                executor_lease_ms=DEADLINE_MS, snapshot_every=5) as h:
-        executor = h.start_executor("--config", str(tmp / "executor.json"))
-        holder = h.start_holder("restart-holder")
+        executor, holder = h.start_nodes("restart-holder")
         procs = {"executor": executor, "holder-restart-holder": holder}
         stop_feeding = asyncio.Event()
         await h.send_input(FILES[0], source="restart-test")

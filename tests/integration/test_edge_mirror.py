@@ -18,13 +18,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
 
-from broker_schema import INFERENCE_KIND, OutputRecord, decode, topics
+from broker_schema import OutputRecord, decode, topics
 from fx_kafka.client import (
     MIRROR_OFFSET_HEADER,
     make_consumer,
@@ -36,9 +36,9 @@ from fx_kafka.errors import FetchError, JavaNotFoundError, MirrorError
 from fx_kafka.local import LocalKafka
 from fx_kafka.mirror import Mirror
 from fx_kafka.workload import ensure_workload_topics
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog
 from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
@@ -92,15 +92,15 @@ def _gates(log: WorkloadLog) -> list[dict[str, object]]:
             and "gate" in o.body.data]
 
 
-async def _decided(h: WorkloadHarness, n: int, executor: subprocess.Popen[bytes],
-                   logs: Path) -> WorkloadLog:
+async def _decided(h: ExecutorHarness, n: int, executor: subprocess.Popen[bytes]
+                   ) -> WorkloadLog:
     deadline = time.monotonic() + 120
     while True:
         log = await h.read_log()
         if len(_decisions(log)) == n and len(_gates(log)) == n:
             return log
-        assert executor.poll() is None, (logs / "executor.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, (logs / "executor.log").read_text()[-3000:]
+        assert executor.poll() is None, h.tail()
+        assert time.monotonic() < deadline, h.tail()
         await asyncio.sleep(0.3)
 
 
@@ -144,33 +144,19 @@ def _fx(*args: str) -> tuple[int, str]:
 
 async def test_site_log_reaches_fleet_through_a_cut_link(
     site_and_fleet: tuple[str, str], unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     site, fleet = site_and_fleet
     store, model_hash = magika_store
     wid = unique_workload_id
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": site,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
     state = tmp_path / "mirror"
     mirror = Mirror(site, fleet, state_dir=state, workloads=[wid], die_with_parent=True)
     try:
-        async with WorkloadHarness(
-            site, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-            models={"filetype": model_hash}, log_dir=tmp_path,
-        ) as h:
-            executor = h.start_executor("--config", str(config_path))
-            holder = h.start_holder("site-holder")
+        async with executor_harness(site, wid, store, models={"filetype": model_hash}) as h:
+            executor, holder = h.start_nodes("site-holder")
             for data in BEFORE_CUT:
                 await h.send_input(data, source="upload")
-            await _decided(h, len(BEFORE_CUT), executor, tmp_path)
+            await _decided(h, len(BEFORE_CUT), executor)
 
             # the link up: the copy catches up with the site
             mirrored = await mirror.astart(timeout=240)
@@ -182,7 +168,7 @@ async def test_site_log_reaches_fleet_through_a_cut_link(
             fleet_at_cut = await _read(fleet, topics.inputs(wid))
             for data in WHILE_CUT:
                 await h.send_input(data, source="upload")
-            site_log = await _decided(h, len(BEFORE_CUT) + len(WHILE_CUT), executor, tmp_path)
+            site_log = await _decided(h, len(BEFORE_CUT) + len(WHILE_CUT), executor)
             assert (await _read(fleet, topics.inputs(wid))) == fleet_at_cut  # nothing moved
 
             # the link restored: the same state dir, the settings it recorded

@@ -332,7 +332,7 @@ _THREE_ARG_CHECKS = {"verify", "verify_ed25519"}
 #: The receipt verifier checks a record against the key its own receipt names (no trust
 #: decision: which key is trusted is asked of key_history by its callers); executor.identity
 #: keeps verify_response for a node checking what it signed.
-TWO_ARG_RESPONSE_CHECK_OK = {"fx_integer/verifier.py", "executor/identity.py"}
+TWO_ARG_RESPONSE_CHECK_OK = {"fx_integer/verifier.py", "fx_node/identity.py"}
 #: An independent implementation that cross-checks the test vectors, on purpose.
 INDEPENDENT_VERIFY_OK = {"tests/unit/integer/test_receipt_vectors.py"}
 

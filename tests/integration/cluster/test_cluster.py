@@ -5,25 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, MergeEntry, OutputRecord, decode, topics
+from broker_schema import MergeEntry, OutputRecord, decode, topics
 from fx_kafka.client import make_admin
 from fx_kafka.local import LocalKafka
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics, topic_configs
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog, compare_outputs, out_slots, replay
-from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness
+from workload_sdk.examples.filetype_gate import FiletypeGate
 
 pytestmark = pytest.mark.integration
 
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -90,28 +89,16 @@ def _tail(path: Path) -> str:
 
 async def test_leader_killed_mid_run_loses_nothing(
     cluster: LocalKafka, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
     bootstrap = cluster.bootstrap
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(wid)}\.out$", "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
     per_phase = 6
-    async with WorkloadHarness(
-        bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path,
-    ) as h:
-        executor = h.start_executor("--config", str(config_path))
-        holder = h.start_holder("cluster-holder")
+    async with executor_harness(bootstrap, wid, store, models={"filetype": model_hash},
+                                executor={"topic_pattern": rf"^wl\.{re.escape(wid)}\.out$"}
+                                ) as h:
+        executor, holder = h.start_nodes("cluster-holder")
         logs = (tmp_path / "executor.log", tmp_path / "holder-cluster-holder.log")
 
         async def settle(n: int, timeout: float) -> WorkloadLog:

@@ -39,8 +39,8 @@ import broker_schema as bs
 from actuator.sim import SimulatedDevice
 from broker_schema import topics
 from fx_kafka.workload_log import read_facts
+from tests.integration.harness import FILETYPE_GATE, FILETYPE_GATE_KINDS, ExecutorHarness
 from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = os.environ.get("FX_CHROMIUM", "/usr/bin/chromium")
@@ -66,18 +66,15 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _executor_config(path: Path, bootstrap: str, wid: str, store: Path, node_id: str,
-                     **extra: Any) -> Path:
-    config = {
-        "node_id": node_id, "bootstrap": bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-console-{wid}",
-        "model_dir": str(store), "key_file": str(path.with_suffix(".key")),
-        "chunk_dir": str(path.parent / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu", **extra,
-    }
-    path.write_text(json.dumps(config))
-    return path
+def _harness(work: Path, bootstrap: str, wid: str, store: Path, node_id: str, module: str, *,
+             effect_kinds: tuple[str, ...], models: dict[str, str],
+             **executor: Any) -> ExecutorHarness:
+    """``wid`` served by the executor ``node_id`` (config ``work/executor.json``, key
+    ``work/executor.key``, group prefix ``fx-console-<wid>``, ``executor`` overrides)."""
+    return ExecutorHarness(bootstrap, wid, store, work=work, module=module,
+                           effect_kinds=effect_kinds, models=models,
+                           executor={"node_id": node_id, "group_prefix": f"fx-console-{wid}",
+                                     "key_file": str(work / "executor.key"), **executor})
 
 
 def _outputs(log: Any, key: str) -> list[dict[str, Any]]:
@@ -92,15 +89,10 @@ async def magika_run(kafka_bootstrap: str, magika_store: tuple[Path, str],
     store, model_hash = magika_store
     work = tmp_path_factory.mktemp("console-magika")
     wid = f"console-gate-{uuid.uuid4().hex[:8]}"
-    cfg = _executor_config(work / "executor.json", kafka_bootstrap, wid, store,
-                           f"exec-{wid[-8:]}")
     run = Run(wid)
-    async with WorkloadHarness(kafka_bootstrap, wid,
-                               "workload_sdk.examples.filetype_gate:FiletypeGate",
-                               effect_kinds=(bs.INFERENCE_KIND, GATE_KIND),
-                               models={"filetype": model_hash}, log_dir=work) as h:
-        executor = h.start_executor("--config", str(cfg))
-        holder = h.start_holder("console-holder")
+    async with _harness(work, kafka_bootstrap, wid, store, f"exec-{wid[-8:]}", FILETYPE_GATE,
+                        effect_kinds=FILETYPE_GATE_KINDS, models={"filetype": model_hash}) as h:
+        executor, holder = h.start_nodes("console-holder")
         for name, data in FILES.items():
             run.inputs[await h.send_input(data, source=name)] = data
         deadline = time.monotonic() + 180
@@ -108,9 +100,9 @@ async def magika_run(kafka_bootstrap: str, magika_store: tuple[Path, str],
             log = await h.read_log()
             if len(_outputs(log, "gate")) >= len(FILES):  # each gate request timed out
                 break
-            assert executor.poll() is None, (work / "executor.log").read_text()[-3000:]
-            assert holder.poll() is None, (work / "console-holder.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (work / "console-holder.log").read_text()[-3000:]
+            assert executor.poll() is None, h.tail()
+            assert holder.poll() is None, h.tail("holder-console-holder")
+            assert time.monotonic() < deadline, h.tail("holder-console-holder")
             await asyncio.sleep(0.5)
         h.stop(holder)
         h.stop(executor)
@@ -157,23 +149,20 @@ async def llm_run(kafka_bootstrap: str, int_store: tuple[Path, str],
     store, model_hash = int_store
     work = tmp_path_factory.mktemp("console-llm")
     wid = f"console-llm-{uuid.uuid4().hex[:8]}"
-    cfg = _executor_config(work / "executor.json", kafka_bootstrap, wid, store,
-                           f"int-{wid[-8:]}", session_timeout_ms=10000,
-                           integer_backend="oracle")
     run = Run(wid)
-    async with WorkloadHarness(kafka_bootstrap, wid, "workload_sdk.examples.ask_llm:AskLLM",
-                               effect_kinds=(bs.INFERENCE_KIND,), models={"llm": model_hash},
-                               log_dir=work) as h:
-        executor = h.start_executor("--config", str(cfg))
-        holder = h.start_holder("console-llm-holder")
+    async with _harness(work, kafka_bootstrap, wid, store, f"int-{wid[-8:]}",
+                        "workload_sdk.examples.ask_llm:AskLLM", effect_kinds=(bs.INFERENCE_KIND,),
+                        models={"llm": model_hash}, session_timeout_ms=10000,
+                        integer_backend="oracle") as h:
+        executor, holder = h.start_nodes("console-llm-holder")
         run.inputs[await h.send_input(QUESTION, source="operator")] = QUESTION.encode()
         deadline = time.monotonic() + 300
         while True:
             log = await h.read_log()
             if _outputs(log, "answer"):
                 break
-            assert executor.poll() is None, (work / "executor.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (work / "executor.log").read_text()[-3000:]
+            assert executor.poll() is None, h.tail()
+            assert time.monotonic() < deadline, h.tail()
             await asyncio.sleep(0.5)
         h.stop(holder)
         h.stop(executor)

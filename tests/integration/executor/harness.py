@@ -30,6 +30,7 @@ from executor.config import ExecutorConfig, load_config
 from executor.service import ExecutorService
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from tests.integration.harness import executor_config as process_executor_config
 from tests.unit.executor.helpers import claim, spec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -134,24 +135,15 @@ async def workload(bootstrap: str, prefix: str) -> AsyncIterator[Workload]:
 
 def executor_config(bootstrap: str, workload_id: str, tmp: Path, model_dir: Path,
                     **kw: Any) -> ExecutorConfig:
-    """A config that reads only ``workload_id``'s ``.out`` (so tests never see each other)."""
-    base: dict[str, Any] = dict(
-        node_id=f"exec-{uuid.uuid4().hex[:8]}",
-        bootstrap=bootstrap,
-        topic_pattern=topics.out_pattern(workload_id),
-        group_prefix=f"fx-test-{workload_id}",
-        model_dir=model_dir,
-        key_file=tmp / "node.key",
-        chunk_dir=tmp / "chunks",
-        http_port=None,
-        metadata_max_age_ms=500,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-        shutdown_grace_s=5.0,
-        facts_interval_s=0,
-    )
-    base.update(kw)
-    return load_config(environ={}, **base)
+    """A config that reads only ``workload_id``'s ``.out`` (so tests never see each other): the
+    settings of :func:`tests.integration.harness.executor_config` with a node id of its own, a
+    5 s shutdown grace and the device the executor picks by default (``auto``); ``kw``
+    overrides them."""
+    settings = process_executor_config(bootstrap, workload_id, tmp, model_dir,
+                                       node_id=f"exec-{uuid.uuid4().hex[:8]}",
+                                       shutdown_grace_s=5.0, device="auto")
+    settings.update(kw)
+    return load_config(environ={}, **settings)
 
 
 @contextlib.asynccontextmanager

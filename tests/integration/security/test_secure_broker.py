@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import re
 import stat
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,9 @@ from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
 from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
 from fx_kafka.workload_log import read_topic
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import body_of
-from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness, fx_command
+from workload_sdk.testing import fx_command
 
 pytestmark = pytest.mark.integration
 
@@ -227,28 +226,22 @@ async def _holder_sees_the_executor_commit(bootstrap: str, security: ClientSecur
 
 async def test_the_normal_flow_works_with_each_role_its_own_user(
     kafka: LocalKafka, tmp_path: Path, magika_store: tuple[Path, str],
+    executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     """Operator writes the spec, producer-a the inputs, the real executor (user executor) runs
     magika, holder-a holds the lease: every process with its own credentials from its env."""
     store, model_hash = magika_store
     bootstrap = kafka.bootstrap
-    config = {
-        "node_id": "exec-secure", "bootstrap": bootstrap,
-        "topic_pattern": rf"^wl\.{re.escape(WA)}\.out$",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
+    # the executor's consumer groups: the prefix its ACLs grant (fx_kafka.acl), the default
+    settings = {"node_id": "exec-secure", "topic_pattern": rf"^wl\.{re.escape(WA)}\.out$",
+                "group_prefix": "fx-executor"}
     files = [b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\n" * 20,
              b"import os\n\ndef main() -> None:\n    print(os.getcwd())\n\n" * 20]
     with use_security(kafka.security_for("operator")):
-        async with WorkloadHarness(bootstrap, WA, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-                                   models={"filetype": model_hash}, log_dir=tmp_path) as h:
+        async with executor_harness(bootstrap, WA, store, models={"filetype": model_hash},
+                                    executor=settings) as h:
             with use_security(kafka.security_for("executor")):
-                executor = h.start_executor("--config", str(config_path))
+                executor = h.start_configured_executor()
             with use_security(kafka.security_for("holder-a")):
                 holder = h.start_holder("secure-holder")
             producer = kafka.security_for("producer-a")

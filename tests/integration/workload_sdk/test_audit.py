@@ -15,12 +15,12 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker_schema import (
-    INFERENCE_KIND,
     InlineBody,
     OutputRecord,
     ResponseRecord,
@@ -28,10 +28,9 @@ from broker_schema import (
     encode,
     topics,
 )
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog
 from workload_sdk._api import body_of
-from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
@@ -60,33 +59,20 @@ async def _fx_audit(wid: str, bootstrap: str, *extra: str) -> subprocess.Complet
 
 
 async def test_fx_audit_passes_a_real_run_and_fails_forged_records(
-    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    kafka_bootstrap: str, unique_workload_id: str, magika_store: tuple[Path, str],
+    executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
-    config = tmp_path / "executor.json"
-    config.write_text(json.dumps({
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }))
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path, snapshot_every=2,
-    ) as h:
-        executor = h.start_executor("--config", str(config))
-        holder = h.start_holder("audit-holder")
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash},
+                                snapshot_every=2) as h:
+        executor, holder = h.start_nodes("audit-holder")
         for data in FILES:
             await h.send_input(data, source="upload")
         deadline = time.monotonic() + 90
         while _gate_outcomes(log := await h.read_log()) < len(FILES):
-            assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "holder-audit-holder.log"
-                                                 ).read_text()[-3000:]
+            assert executor.poll() is None, h.tail()
+            assert time.monotonic() < deadline, h.tail("holder-audit-holder")
             await asyncio.sleep(0.3)
         assert h.stop(holder) == 0
         h.stop(executor)

@@ -9,14 +9,13 @@ keeps answering, and a new holder claims the next epoch above the accepted ones.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker_schema import (
-    INFERENCE_KIND,
     ClaimRecord,
     OutputRecord,
     RejectedRecord,
@@ -27,14 +26,13 @@ from broker_schema import (
 )
 from broker_schema.binding import MAX_EPOCH
 from fx_kafka.workload_log import read_topic
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog
 from workload_sdk._audit import audit
-from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness
+from workload_sdk.examples.filetype_gate import FiletypeGate
 
 pytestmark = pytest.mark.integration
 
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 FILES = [b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n" * 20,
          b"import os\n\ndef main() -> None:\n    print(os.getcwd())\n\n" * 20,
          b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\n" * 20]
@@ -48,26 +46,12 @@ def _labels(log: WorkloadLog) -> list[str]:
 
 async def test_a_claim_far_ahead_is_refused_and_the_workload_goes_on(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path,
-    ) as h:
-        executor = h.start_executor("--config", str(config_path))
-        holder = h.start_holder("cb-holder-1")
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash}) as h:
+        executor, holder = h.start_nodes("cb-holder-1")
 
         async def labelled(n: int) -> WorkloadLog:
             deadline = time.monotonic() + 90
@@ -77,8 +61,7 @@ async def test_a_claim_far_ahead_is_refused_and_the_workload_goes_on(
                     return log
                 for name, proc in (("executor", executor), ("holder", holder)):
                     assert proc.poll() is None, (name, proc.args)
-                assert time.monotonic() < deadline, (tmp_path / "executor.log").read_text(
-                )[-3000:]
+                assert time.monotonic() < deadline, h.tail()
                 await asyncio.sleep(0.3)
 
         await h.send_input(FILES[0], source="upload")

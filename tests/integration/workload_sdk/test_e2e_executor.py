@@ -13,19 +13,19 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, OutputRecord, decode, sha256_hex, topics
+from broker_schema import OutputRecord, decode, sha256_hex
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._replay import compare_outputs, out_slots
 from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 ROOT = Path(__file__).resolve().parents[3]
 
 FILES = {
@@ -42,26 +42,12 @@ def _decisions(log: WorkloadLog) -> list[dict[str, object]]:
 
 async def test_real_executor_magika_end_to_end(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path,
-    ) as h:
-        executor = h.start_executor("--config", str(config_path))
-        holder = h.start_holder("e2e-holder")
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash}) as h:
+        executor, holder = h.start_nodes("e2e-holder")
         for data in FILES.values():
             await h.send_input(data, source="upload")
         deadline = time.monotonic() + 90
@@ -72,8 +58,8 @@ async def test_real_executor_magika_end_to_end(
                              and "gate" in o.body.data]
             if len(_decisions(log)) == len(FILES) and len(gate_outcomes) == len(FILES):
                 break
-            assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "executor.log").read_text()[-3000:]
+            assert executor.poll() is None, h.tail()
+            assert time.monotonic() < deadline, h.tail()
             await asyncio.sleep(0.3)
         assert h.stop(holder) == 0
         h.stop(executor)

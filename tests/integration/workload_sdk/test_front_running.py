@@ -14,8 +14,8 @@ decided on the attacker's bytes). Now, two defences, each tested on its own:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,16 +34,15 @@ from broker_schema import (
     topics,
 )
 from fx_kafka.workload_log import read_topic
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog, replay
 from workload_sdk._api import body_of
 from workload_sdk._audit import audit
 from workload_sdk._replay import compare_outputs
-from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
-from workload_sdk.testing import WorkloadHarness
+from workload_sdk.examples.filetype_gate import FiletypeGate
 
 pytestmark = pytest.mark.integration
 
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 PYTHON = b"import os\n\ndef main() -> None:\n    print(os.getcwd())\n\n" * 20
 PDF = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n" * 20
 
@@ -56,25 +55,12 @@ def _labels(log: WorkloadLog) -> list[str]:
 
 @pytest.mark.parametrize("holder_signs", [True, False], ids=["signed", "unsigned-holder"])
 async def test_an_answer_to_a_front_running_request_is_passed_over(
-    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str], holder_signs: bool,
+    kafka_bootstrap: str, unique_workload_id: str, magika_store: tuple[Path, str],
+    holder_signs: bool, executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path,
-    ) as h:
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash}) as h:
         holder = h.start_holder("fr-holder", *(() if holder_signs else ("--no-sign-requests",)))
         log = await h.wait_for(lambda lg: bool(h.epochs(lg)), timeout=60, what="claim")
         epoch = h.epochs(log)[-1]
@@ -88,16 +74,15 @@ async def test_an_answer_to_a_front_running_request_is_passed_over(
                                timeout=60, what="the holder's own request")
         own_offset, own = h.requests(log, INFERENCE_KIND)[1]
         assert own.effect_id == stray.effect_id and own_offset > stray_offset
-        executor = h.start_executor("--config", str(config_path))
+        executor = h.start_configured_executor()
         deadline = time.monotonic() + 90
         while True:
             log = await h.read_log()
             if _labels(log):
                 break
             for name, proc in (("executor", executor), ("holder-fr-holder", holder)):
-                assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "holder-fr-holder.log").read_text(
-            )[-3000:]
+                assert proc.poll() is None, h.tail(name)
+            assert time.monotonic() < deadline, h.tail("holder-fr-holder")
             await asyncio.sleep(0.3)
         assert h.stop(holder) == 0
         h.stop(executor)

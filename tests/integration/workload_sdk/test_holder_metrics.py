@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_schema import INFERENCE_KIND, topics
+from broker_schema import INFERENCE_KIND
+from tests.integration.harness import ExecutorHarness
 from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
-MODULE = "workload_sdk.examples.filetype_gate:FiletypeGate"
 FILES = [b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n" * 20,
          b"import os\n\ndef main() -> None:\n    print(os.getcwd())\n\n" * 20]
 
@@ -81,28 +80,16 @@ async def _until(base: str, ok: Callable[[Samples], bool], what: str, logs: list
 
 async def test_holder_metrics_show_unread_requests_falling_when_an_executor_starts(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
     prefix = f"fx-test-{wid}"
     group = f"{prefix}.{INFERENCE_KIND}"
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": prefix,
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
     holder_log = tmp_path / "holder-metrics-holder.log"
     logs = [holder_log, tmp_path / "executor.log"]
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path, snapshot_every=2,
-    ) as h:
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash},
+                                executor={"group_prefix": prefix}, snapshot_every=2) as h:
         holder = h.start_holder("metrics-holder", "--http-port", "0",
                                 "--executor-group-prefix", prefix)
         port = await asyncio.to_thread(_port_from, holder_log, time.monotonic() + 60)
@@ -141,7 +128,7 @@ async def test_holder_metrics_show_unread_requests_falling_when_an_executor_star
         assert not _value(before, "fx_holder_outcomes_total", workload=wid,
                           kind=INFERENCE_KIND, outcome="ok")
 
-        executor = h.start_executor("--config", str(config_path))
+        executor = h.start_configured_executor()
         after = await _until(
             base, lambda s: (_value(s, "fx_holder_outcomes_total", workload=wid,
                                     kind=INFERENCE_KIND, outcome="ok") or 0) >= len(FILES)
@@ -149,7 +136,7 @@ async def test_holder_metrics_show_unread_requests_falling_when_an_executor_star
             and _value(s, "fx_holder_outstanding_requests", workload=wid,
                        kind=INFERENCE_KIND) == 0,
             "answers merged and unread back to 0", logs, timeout=180)
-        assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
+        assert executor.poll() is None, h.tail()
         trips = _value(after, "fx_holder_round_trip_seconds_count", workload=wid,
                        kind=INFERENCE_KIND)
         answered = sum(v for (name, labels), v in after.items()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,16 +18,15 @@ import pytest
 from broker_schema import INFERENCE_KIND, ResponseRecord, Signature, decode, encode, topics
 from broker_schema.signatures import SigningKey
 from fx_kafka.workload_log import read_topic
+from tests.integration.harness import ExecutorHarness
 from tests.integration.workload_sdk.test_holder_metrics import (
     FILES,
-    MODULE,
     Samples,
     _port_from,
     _until,
     _value,
 )
 from workload_sdk.examples.filetype_gate import GATE_KIND
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = pytest.mark.integration
 
@@ -43,35 +42,24 @@ def _rejected(s: Samples, wid: str) -> float:
 
 async def test_the_holder_counts_genuine_signatures_and_forged_ones_by_reason(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, model_hash = magika_store
     wid = unique_workload_id
     prefix = f"fx-test-{wid}"
     node = f"exec-{wid[:12]}"
-    config = {
-        "node_id": node, "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": prefix,
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
     holder_log = tmp_path / "holder-sig-holder.log"
     logs = [holder_log, tmp_path / "executor.log"]
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path, snapshot_every=2,
-    ) as h:
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash},
+                                executor={"node_id": node, "group_prefix": prefix},
+                                snapshot_every=2) as h:
         # the holder first: its first read of sys.facts may well precede the executor's facts,
         # so the first genuine response is checked again after the keys are read again
         holder = h.start_holder("sig-holder", "--http-port", "0", "--no-elect",
                                 "--executor-group-prefix", prefix)
         port = await asyncio.to_thread(_port_from, holder_log, time.monotonic() + 60)
         base = f"http://127.0.0.1:{port}"
-        executor = h.start_executor("--config", str(config_path))
+        executor = h.start_configured_executor()
         for data in FILES:
             await h.send_input(data, source="upload")
         # answers merged (ok), the gate kind nobody serves timed out (the holder's unsigned
@@ -83,7 +71,7 @@ async def test_the_holder_counts_genuine_signatures_and_forged_ones_by_reason(
                         outcome="timeout") or 0) >= len(FILES)
             and (_value(s, "fx_holder_signatures_checked_total", workload=wid) or 0)
             >= len(FILES), "genuine responses checked", logs, timeout=180)
-        assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
+        assert executor.poll() is None, h.tail()
         for reason in ("invalid", "unknown_key", "unsigned"):
             assert _value(good, "fx_holder_signature_failures_total", workload=wid,
                           reason=reason) == 0, reason
@@ -138,7 +126,7 @@ async def test_the_holder_counts_genuine_signatures_and_forged_ones_by_reason(
 
 async def test_with_a_fleet_key_the_holder_trusts_only_certified_node_keys(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_store: tuple[Path, str],
+    magika_store: tuple[Path, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     """``--fleet-key``: the node's key certified on ``sys.keys`` verifies; a stranger's
     signature, whatever key id it names, is ``invalid`` (no certificate), never
@@ -153,35 +141,24 @@ async def test_with_a_fleet_key_the_holder_trusts_only_certified_node_keys(
     assert node_key.write_new(tmp_path / "node.key")
     fleet = SigningKey.generate()
     await publish(kafka_bootstrap, certify(fleet, node, node_key.public_key))
-    config = {
-        "node_id": node, "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": prefix,
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    config_path = tmp_path / "executor.json"
-    config_path.write_text(json.dumps(config))
     holder_log = tmp_path / "holder-fleet-holder.log"
     logs = [holder_log, tmp_path / "executor.log"]
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": model_hash}, log_dir=tmp_path, snapshot_every=2,
-    ) as h:
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": model_hash},
+                                executor={"node_id": node, "group_prefix": prefix},
+                                snapshot_every=2) as h:
         holder = h.start_holder("fleet-holder", "--http-port", "0", "--no-elect",
                                 "--executor-group-prefix", prefix,
                                 "--fleet-key", fleet.public_key.hex())
         port = await asyncio.to_thread(_port_from, holder_log, time.monotonic() + 60)
         base = f"http://127.0.0.1:{port}"
-        executor = h.start_executor("--config", str(config_path))
+        executor = h.start_configured_executor()
         await h.send_input(FILES[0], source="upload")
         good = await _until(
             base, lambda s: (_value(s, "fx_holder_outcomes_total", workload=wid,
                                     kind=INFERENCE_KIND, outcome="ok") or 0) >= 1
             and (_value(s, "fx_holder_signatures_checked_total", workload=wid) or 0) >= 1,
             "a genuine response checked against the fleet key", logs, timeout=180)
-        assert executor.poll() is None, (tmp_path / "executor.log").read_text()[-3000:]
+        assert executor.poll() is None, h.tail()
         for reason in ("invalid", "unknown_key", "unsigned"):
             assert _failures(good, wid, reason) == 0, reason
 

@@ -7,17 +7,17 @@ Both with real processes: ``fx executor run`` and ``fx workload run``."""
 from __future__ import annotations
 
 import itertools
-import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from broker_schema import AcceptedRecord, ResponseRecord, decode, topics
+from broker_schema import AcceptedRecord, ResponseRecord, decode
 from executor.engines.integer import import_artifact
+from tests.integration.harness import ExecutorHarness
 from tests.unit.integer.real_model import real_artifact
 from workload_sdk import WorkloadLog
-from workload_sdk.testing import WorkloadHarness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,18 +33,13 @@ def llm_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return root, import_artifact(root, art).hash
 
 
-def _config(tmp: Path, bootstrap: str, wid: str, store: Path) -> Path:
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp / "node.key"),
-        "chunk_dir": str(tmp / "chunks"), "http_port": None, "integer_backend": "oracle",
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    path = tmp / "executor.json"
-    path.write_text(json.dumps(config))
-    return path
+def _harness(executor_harness: Callable[..., ExecutorHarness], bootstrap: str, wid: str,
+             llm_store: tuple[Path, str]) -> ExecutorHarness:
+    """AskLLM served by the executor on the integer oracle, with leases of ``LEASE_MS``."""
+    store, model_hash = llm_store
+    return executor_harness(bootstrap, wid, store, module=MODULE, effect_kinds=(KIND,),
+                            models={"llm": model_hash}, executor={"integer_backend": "oracle"},
+                            executor_lease_ms=LEASE_MS)
 
 
 def _resp(log: WorkloadLog) -> list[tuple[int, int, object]]:
@@ -56,16 +51,11 @@ def _answers(log: WorkloadLog) -> list[ResponseRecord]:
 
 
 async def test_a_request_longer_than_its_lease_is_answered_ok(
-    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    llm_store: tuple[Path, str],
+    kafka_bootstrap: str, unique_workload_id: str, llm_store: tuple[Path, str],
+    executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
-    store, model_hash = llm_store
-    wid = unique_workload_id
-    async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(KIND,),
-                               models={"llm": model_hash}, log_dir=tmp_path,
-                               executor_lease_ms=LEASE_MS) as h:
-        h.start_executor("--config", str(_config(tmp_path, kafka_bootstrap, wid, store)))
-        h.start_holder("long-holder")
+    async with _harness(executor_harness, kafka_bootstrap, unique_workload_id, llm_store) as h:
+        h.start_nodes("long-holder")
         await h.send_input("Write a long story about a cat.")
         log = await h.wait_for(lambda lg: bool(_answers(lg)), timeout=180, what="an answer")
     (answer,) = _answers(log)
@@ -82,17 +72,11 @@ async def test_a_request_longer_than_its_lease_is_answered_ok(
 
 
 async def test_the_same_request_with_its_executor_killed_ends_unknown(
-    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    llm_store: tuple[Path, str],
+    kafka_bootstrap: str, unique_workload_id: str, llm_store: tuple[Path, str],
+    executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
-    store, model_hash = llm_store
-    wid = unique_workload_id
-    async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(KIND,),
-                               models={"llm": model_hash}, log_dir=tmp_path,
-                               executor_lease_ms=LEASE_MS) as h:
-        executor = h.start_executor("--config",
-                                    str(_config(tmp_path, kafka_bootstrap, wid, store)))
-        h.start_holder("kill-holder")
+    async with _harness(executor_harness, kafka_bootstrap, unique_workload_id, llm_store) as h:
+        executor, _ = h.start_nodes("kill-holder")
         await h.send_input("Write a long story about a cat.")
         # killed once it has renewed the lease at least once: really mid-way
         await h.wait_for(lambda lg: sum(isinstance(r, AcceptedRecord)

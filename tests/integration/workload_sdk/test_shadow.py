@@ -13,19 +13,20 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, EffectRequest, MergeEntry, OutputRecord, decode, topics
+from broker_schema import EffectRequest, MergeEntry, OutputRecord, decode, topics
 from executor.engines.onnx import OnnxEngine
 from executor.models import ModelStore
 from fx_kafka.workload_log import read_topic
+from tests.integration.harness import ExecutorHarness
 from workload_sdk import WorkloadLog
 from workload_sdk.examples.filetype_corpus import corpus
-from workload_sdk.examples.filetype_gate import ALLOWED, GATE_KIND
-from workload_sdk.testing import WorkloadHarness
+from workload_sdk.examples.filetype_gate import ALLOWED
 
 pytestmark = pytest.mark.integration
 
@@ -64,43 +65,31 @@ def _ends(log: WorkloadLog) -> dict[str, int]:
     return {s: log[s].end for s in ("in", "spec", "claims", "out", "resp", "merge")}
 
 
-async def _wait_decided(h: WorkloadHarness, n: int, executor: subprocess.Popen[bytes],
-                        log_dir: Path, timeout: float = 180) -> WorkloadLog:
+async def _wait_decided(h: ExecutorHarness, n: int, executor: subprocess.Popen[bytes],
+                        timeout: float = 180) -> WorkloadLog:
     deadline = time.monotonic() + timeout
     while True:
         log = await h.read_log()
         if len(_decisions(log)) >= n and _gate_outcomes(log) >= n:
             return log
-        assert executor.poll() is None, (log_dir / "executor.log").read_text()[-3000:]
+        assert executor.poll() is None, h.tail()
         assert time.monotonic() < deadline, f"{len(_decisions(log))} of {n} decided"
         await asyncio.sleep(0.5)
 
 
 async def test_shadow_over_history_and_live_with_two_real_magika_models(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path,
-    magika_pair_store: tuple[Path, str, str],
+    magika_pair_store: tuple[Path, str, str], executor_harness: Callable[..., ExecutorHarness],
 ) -> None:
     store, v33, v32 = magika_pair_store
     wid = unique_workload_id
-    config = {
-        "node_id": f"exec-{wid[:12]}", "bootstrap": kafka_bootstrap,
-        "topic_pattern": topics.out_pattern(wid), "group_prefix": f"fx-test-{wid}",
-        "model_dir": str(store), "key_file": str(tmp_path / "node.key"),
-        "chunk_dir": str(tmp_path / "chunks"), "http_port": None,
-        "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
-    }
-    (tmp_path / "executor.json").write_text(json.dumps(config))
     history, live_files = FILES[:30], FILES[30:]
-    async with WorkloadHarness(
-        kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND, GATE_KIND),
-        models={"filetype": v32}, log_dir=tmp_path, snapshot_every=10,
-    ) as h:
-        executor = h.start_executor("--config", str(tmp_path / "executor.json"))
-        holder = h.start_holder("shadow-holder")
+    async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": v32},
+                                snapshot_every=10) as h:
+        executor, holder = h.start_nodes("shadow-holder")
         for data in history:
             await h.send_input(data, source="upload")
-        await _wait_decided(h, len(history), executor, tmp_path)
+        await _wait_decided(h, len(history), executor)
         assert h.stop(holder) == 0  # the live streams hold still from here
         before = await h.read_log()
         last_step = max(e.seq for e in (decode(r.value) for r in before["merge"])
@@ -205,7 +194,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         lold = _labels(store, v32, live_files)
         lnew = _labels(store, v33, live_files)
         assert lrep["label_changes"] == sum(a != b for a, b in zip(lold, lnew, strict=True))
-        await _wait_decided(h, len(FILES), executor, tmp_path)
+        await _wait_decided(h, len(FILES), executor)
         final = await h.read_log()
         for stream in ("out", "resp", "merge"):
             assert not any(b"shadow:" in r.value for r in final[stream]), stream
