@@ -6,7 +6,6 @@ gateway's runner (:mod:`actuator.runner`: decisions, memory, Modbus writes, tele
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from actuator.config import GatewayConfig
 from actuator.core import GatewayState
@@ -14,6 +13,7 @@ from actuator.metrics import GatewayMetrics
 from actuator.runner import DeviceRunner
 from fx_node.identity import NodeIdentity
 from fx_node.runner import NodeSettings, node_settings
+from fx_node.service import NodeService
 from fx_node.shell import NodeShell
 
 __all__ = ["GatewayService", "gateway_settings"]
@@ -30,7 +30,7 @@ def gateway_settings(config: GatewayConfig) -> NodeSettings:
                          producer_close_s=10.0)
 
 
-class GatewayService:
+class GatewayService(NodeService):
     """One actuator gateway node: a :class:`~fx_node.shell.NodeShell` (``node``) with a
     :class:`~actuator.runner.DeviceRunner` (``runner``). ``await run()`` until
     :meth:`request_stop`."""
@@ -49,40 +49,3 @@ class GatewayService:
     def state(self) -> GatewayState:
         """The gateway's state (memory, admission state)."""
         return self.runner.gateway
-
-    @property
-    def http_port(self) -> int | None:
-        """The bound HTTP port (after start), or None without HTTP."""
-        return self.node.http_port
-
-    async def start(self) -> None:
-        """Connect, read the memory back, publish facts, start consuming."""
-        await self.node.start()
-
-    def request_stop(self) -> None:
-        """Ask :meth:`run` to stop (safe from a signal handler)."""
-        self.node.request_stop()
-
-    async def run(self) -> None:
-        """Start, serve until :meth:`request_stop` or a fatal error, then stop."""
-        await self.node.run()
-
-    async def stop(self) -> None:
-        """Stop reading, let commands in flight finish (``shutdown_grace_s``), close. Idempotent."""
-        await self.node.stop()
-
-    def is_live(self) -> bool:
-        """The loops run and nothing fatal happened."""
-        return self.node.is_live()
-
-    async def readiness(self) -> dict[str, Any]:
-        """Ready: started and the broker answers; each device's connection is reported."""
-        return await self.node.readiness()
-
-    def current_facts(self) -> dict[str, Any] | None:
-        """The last published facts as JSON."""
-        return self.node.current_facts()
-
-    def metrics_text(self) -> bytes:
-        """Prometheus text (queue gauges refreshed first)."""
-        return self.node.metrics_text()

@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
 from broker_schema import topics
-from broker_schema.canonical import is_hash, sha256_hex
+from broker_schema.canonical import is_hash
 from broker_schema.chunks import (
     PART_BYTES,
     ChunkProblem,
@@ -53,6 +51,7 @@ from broker_schema.chunks import (
 from broker_schema.chunks import check_chunk as _check_chunk
 from broker_schema.records import ChunkRef
 from broker_schema.topics import check_workload_id
+from fx_kafka.chunk_files import write_chunk_file
 from fx_node.errors import OutcomeError
 
 __all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check_chunk"]
@@ -113,25 +112,9 @@ class FsChunkStore:
 
     def put_sync(self, data: bytes, *, workload: str,
                  media_type: str | None = None) -> ChunkRef:
-        """Blocking :meth:`put`."""
-        ref = ChunkRef(hash=sha256_hex(data), size=len(data), media_type=media_type)
-        final = self.path(ref.hash, workload)
-        # Only a file that really holds these bytes makes the write unnecessary: a damaged file
-        # of the same size (a flipped byte) is replaced, so a cache repaired from sys.chunks
-        # stays repaired.
-        if final.exists() and final.stat().st_size == len(data) and \
-                sha256_hex(final.read_bytes()) == ref.hash:
-            return ref
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".put-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, final)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
+        """Blocking :meth:`put` (:func:`fx_kafka.chunk_files.write_chunk_file`)."""
+        return write_chunk_file(self.root, data, workload=_workload(workload),
+                                media_type=media_type)
 
     def has(self, chunk_hash: str, workload: str) -> bool:
         """Whether a file for ``workload``'s ``chunk_hash`` is there (not checked)."""

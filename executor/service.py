@@ -12,7 +12,6 @@ signed and written, offset settled).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from executor.chunks import ChunkStore
 from executor.config import ExecutorConfig
@@ -24,6 +23,7 @@ from fx_node.admission import ExecutorState
 from fx_node.identity import NodeIdentity
 from fx_node.producer import PRODUCER_BATCH_BYTES
 from fx_node.runner import NodeSettings, node_settings
+from fx_node.service import NodeService
 from fx_node.shell import NodeShell
 
 __all__ = ["ExecutorService", "executor_settings"]
@@ -40,7 +40,7 @@ def executor_settings(config: ExecutorConfig) -> NodeSettings:
                          producer_close_s=max(1.0, config.shutdown_grace_s))
 
 
-class ExecutorService:
+class ExecutorService(NodeService):
     """One executor node: a :class:`~fx_node.shell.NodeShell` (``node``) with a
     :class:`~executor.runner.ModelRunner` (``runner``). ``await run()`` until
     :meth:`request_stop` (or SIGTERM in the CLI)."""
@@ -72,40 +72,3 @@ class ExecutorService:
     def chunks(self) -> ChunkStore:
         """The chunk store inputs are read from and large outputs written to."""
         return self.runner.inputs.chunks
-
-    @property
-    def http_port(self) -> int | None:
-        """The bound HTTP port (after start), or None without HTTP."""
-        return self.node.http_port
-
-    async def start(self) -> None:
-        """Connect, create system topics, load models, publish facts, start consuming."""
-        await self.node.start()
-
-    def request_stop(self) -> None:
-        """Ask :meth:`run` to shut down gracefully (safe from a signal handler)."""
-        self.node.request_stop()
-
-    async def run(self) -> None:
-        """Start, serve until :meth:`request_stop` or a fatal error, then shut down."""
-        await self.node.run()
-
-    async def stop(self) -> None:
-        """Graceful shutdown (:mod:`executor.runner`). Idempotent."""
-        await self.node.stop()
-
-    def is_live(self) -> bool:
-        """The loops run and nothing fatal happened."""
-        return self.node.is_live()
-
-    async def readiness(self) -> dict[str, Any]:
-        """Ready: the broker answers a metadata request and every preloaded model is loaded."""
-        return await self.node.readiness()
-
-    def current_facts(self) -> dict[str, Any] | None:
-        """The last published facts as JSON."""
-        return self.node.current_facts()
-
-    def metrics_text(self) -> bytes:
-        """Prometheus text (queue gauges refreshed first)."""
-        return self.node.metrics_text()

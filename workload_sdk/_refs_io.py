@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,8 +41,9 @@ from broker_schema import (
     sha256_hex,
     topics,
 )
-from broker_schema.chunks import ChunkProblem, check_chunk, chunk_ref_of, fs_relpath
+from broker_schema.chunks import ChunkProblem, check_chunk, fs_relpath
 from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
+from fx_kafka.chunk_files import write_chunk_file
 
 __all__ = ["FsChunks", "KafkaChunks", "RefProblem", "RefResolver", "Resolution"]
 
@@ -120,27 +119,11 @@ class FsChunks:
         return await asyncio.to_thread(
             lambda: {key: self._read_one(key, ref) for key, ref in wanted.items()})
 
-    def _write_sync(self, data: bytes, workload: str, media_type: str | None) -> ChunkRef:
-        ref = chunk_ref_of(data, media_type=media_type)
-        final = self.root / fs_relpath(workload, ref.hash)
-        if final.exists() and final.stat().st_size == len(data) and \
-                sha256_hex(final.read_bytes()) == ref.hash:
-            return ref
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".put-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, final)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
-
     async def write(self, data: bytes, *, workload: str,
                     media_type: str | None = None) -> ChunkRef:
         """Store ``data`` as ``workload``'s chunk (atomically, idempotent)."""
-        return await asyncio.to_thread(self._write_sync, data, workload, media_type)
+        return await asyncio.to_thread(partial(write_chunk_file, self.root, data, workload=workload,
+                                              media_type=media_type))
 
     async def close(self) -> None:
         """Nothing to close."""
