@@ -27,6 +27,7 @@ from broker_schema import (
 )
 from fx_kafka.client import make_producer
 from fx_kafka.workload_log import read_topic
+from workload_sdk._holder_start import NoSpec, latest_spec
 
 __all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
            "write_change"]
@@ -105,17 +106,10 @@ def plan_rollback(spec: SpecRecord, name: str, at_offset: int, next_seq: int,
 
 async def current_state(bootstrap: str, workload_id: str) -> tuple[int, SpecRecord, int]:
     """(offset of the latest spec, the spec, the workload's next step) from the log."""
-    spec_view = await read_topic(bootstrap, topics.spec(workload_id))
-    latest: tuple[int, SpecRecord] | None = None
-    for rec in spec_view:
-        try:
-            record = decode(rec.value)
-        except DecodeError:
-            continue
-        if isinstance(record, SpecRecord) and record.workload_id == workload_id:
-            latest = (rec.offset, record)
-    if latest is None:
-        raise BindingChangeError(f"no spec on {topics.spec(workload_id)}")
+    try:
+        latest = await latest_spec(bootstrap, workload_id)
+    except NoSpec:
+        raise BindingChangeError(f"no spec on {topics.spec(workload_id)}") from None
     merge_view = await read_topic(bootstrap, topics.merge(workload_id))
     next_seq = 0
     for rec in merge_view:
