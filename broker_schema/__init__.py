@@ -38,6 +38,7 @@ from broker_schema.limits import (
 )
 from broker_schema.records import (
     ERROR_RETRIABLE,
+    HOLDER_OUTCOMES,
     INFERENCE_KIND,
     RECORD_TYPES,
     SCHEMA_VERSION,
@@ -57,6 +58,7 @@ from broker_schema.records import (
     ExecutorInfo,
     FactsRecord,
     Guarantee,
+    HolderOutcome,
     InlineBody,
     InputRecord,
     KeyCertRecord,
@@ -86,6 +88,7 @@ __all__ = [
     "BROKER_MESSAGE_MAX_BYTES",
     "DECODE_CODES",
     "ERROR_RETRIABLE",
+    "HOLDER_OUTCOMES",
     "INFERENCE_KIND",
     "INLINE_MAX_BYTES",
     "MAX_JSON_DEPTH",
@@ -112,6 +115,7 @@ __all__ = [
     "ExecutorInfo",
     "FactsRecord",
     "Guarantee",
+    "HolderOutcome",
     "InlineBody",
     "InputRecord",
     "KeyCertRecord",

@@ -46,6 +46,10 @@ Micros = Annotated[int, Field(ge=0, le=2**53 - 1)]
 INFERENCE_KIND = "ninelives:inference/run@0.1.0"
 
 Outcome = Literal["ok", "error", "timeout", "unknown", "backpressure"]
+#: The outcomes only a lease holder writes (unsigned by design: its transactional producer and
+#: the ACLs on ``.resp`` vouch for them, not a node key); the one home of that list.
+HolderOutcome = Literal["timeout", "unknown"]
+HOLDER_OUTCOMES: frozenset[str] = frozenset(get_args(HolderOutcome))
 
 #: What repeating an actuation command can do, declared per effect kind by a spec
 #: (``SpecRecord.guarantees``) and by the node that serves it (``KindServed.guarantee``);

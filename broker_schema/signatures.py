@@ -31,6 +31,7 @@ import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from broker_schema.canonical import sha256_hex
+from broker_schema.records import HOLDER_OUTCOMES
 
 if TYPE_CHECKING:
     from broker_schema.records import ResponseRecord, SpecRecord
@@ -260,11 +261,6 @@ def response_signature_problem(response: ResponseRecord, public_key: bytes) -> s
     return None
 
 
-#: Outcomes only a lease holder writes (unsigned by design: its transactional producer and the
-#: ACLs on ``.resp`` vouch for them, not a node key).
-_HOLDER_OUTCOMES = ("timeout", "unknown")
-
-
 def answer_refusal(response: ResponseRecord, spec: SpecRecord
                    ) -> tuple[Literal["unsigned", "untrusted_key"], str] | None:
     """Why the lease holder must not merge ``response`` under ``spec`` (the pass-over reason
@@ -278,7 +274,7 @@ def answer_refusal(response: ResponseRecord, spec: SpecRecord
     """
     sig = response.signature
     if sig is None:
-        if response.outcome in _HOLDER_OUTCOMES or spec.unsigned != "refuse":
+        if response.outcome in HOLDER_OUTCOMES or spec.unsigned != "refuse":
             return None
         return "unsigned", "the answer carries no signature and the spec refuses unsigned ones"
     if not spec.signers:

@@ -2,7 +2,8 @@
 fetch task of its own, see :mod:`executor.runner`), and storing a response body
 (:class:`InputReader`).
 
-A stream reference is checked against the cluster metadata first, so a missing topic is a prompt
+A stream reference is read by :func:`fx_kafka.refs.read_record_at` (the one reader, shared with
+the holder and replay): the cluster metadata is checked first, so a missing topic is a prompt
 ``input_missing`` and is never created. A stream input that cannot be read while the broker is
 down is waited for, in its own fetch task, and answered ``input_missing`` only once the request's
 executor lease has lapsed (the holder has written ``unknown`` by then)."""
@@ -16,9 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import InvalidTopicError, KafkaError, UnknownTopicOrPartitionError, for_code
-from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from broker_schema import DecodeError, topics
@@ -35,6 +35,7 @@ from executor.chunks import ChunkStore, FsChunkStore, KafkaChunkStore
 from executor.config import ExecutorConfig
 from executor.engines import EngineResult
 from fx_kafka.client import make_consumer
+from fx_kafka.refs import StreamAbsent, StreamUnreachable, read_record_at
 from fx_kafka.retry import backoff_s, broker_unavailable
 from fx_node.admission import ExecutorState, chunk_owner, chunk_problem
 from fx_node.errors import EngineError, OutcomeError
@@ -154,7 +155,7 @@ class InputReader:
         while True:
             try:
                 return await self._read_stream_once(ref)
-            except _Unreachable as exc:
+            except StreamUnreachable as exc:
                 if self._stopping():
                     raise EngineError("shutdown", "the executor stopped while the broker was "
                                       f"unavailable: {exc}") from None
@@ -165,38 +166,6 @@ class InputReader:
                         "input_missing", f"{ref.topic}/{ref.partition}@{ref.offset} could not be "
                         f"read within the executor lease ({attempt} attempts): {exc}") from None
                 await self._wait("stream", ref.topic, exc, attempt)
-
-    async def _partitions(self, topic: str) -> set[int] | None:
-        """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
-
-        Asked with ``allow_auto_topic_creation=false``: a broker that auto-creates topics does not
-        create this one. (A consumer's own metadata look-up would: aiokafka asks for a topic it
-        is given with auto-creation allowed, and goes on asking for it.)"""
-        assert self.probe is not None
-        client = self.probe._client
-        node = client.get_random_node()
-        if node is None:
-            raise _Unreachable("no broker in the cluster metadata")
-        try:
-            resp = await client.send(
-                node, MetadataRequest([topic], allow_auto_topic_creation=False))
-        except KafkaError as exc:
-            if broker_unavailable(exc):
-                raise _Unreachable(repr(exc)) from exc
-            raise OutcomeError("input_missing", f"cannot look up {topic}: {exc!r}") from None
-        for entry in resp.topics:
-            code, name, parts = entry[0], entry[1], entry[-1]
-            if name != topic:
-                continue
-            if code == 0:
-                return {int(p[1]) for p in parts}
-            error = for_code(code)
-            if error in (UnknownTopicOrPartitionError, InvalidTopicError):
-                return None
-            if broker_unavailable(error()):  # e.g. no leader right now
-                raise _Unreachable(f"{topic}: {error.__name__}")
-            raise OutcomeError("input_missing", f"cannot read {topic}: {error.__name__}")
-        return None
 
     async def _read_stream_once(self, ref: StreamRef) -> bytes:
         """One bounded attempt (``input_attempt_s``) at reading ``ref``, on an idle stream
@@ -210,7 +179,7 @@ class InputReader:
                 with contextlib.suppress(KafkaError):
                     await stream.stop()
                 if broker_unavailable(exc):
-                    raise _Unreachable(repr(exc)) from exc
+                    raise StreamUnreachable(repr(exc)) from exc
                 raise
             self._all_streams.add(stream)
         try:
@@ -218,9 +187,9 @@ class InputReader:
                                            self.config.input_attempt_s)
         except TimeoutError:
             self._retire_stream(stream)
-            raise _Unreachable(f"reading {ref.topic}/{ref.partition}@{ref.offset} took over "
+            raise StreamUnreachable(f"reading {ref.topic}/{ref.partition}@{ref.offset} took over "
                                f"{self.config.input_attempt_s} s") from None
-        except (OutcomeError, _Unreachable):
+        except (OutcomeError, StreamUnreachable):
             self._streams.append(stream)
             raise
         except BaseException:  # cancelled mid-read, or a bug: its state is unknown
@@ -241,37 +210,16 @@ class InputReader:
         task.add_done_callback(self._retired.discard)
 
     async def _read_on(self, stream: AIOKafkaConsumer, ref: StreamRef) -> bytes:
-        partitions = await self._partitions(ref.topic)
-        if partitions is None:
-            raise OutcomeError("input_missing", f"no topic {ref.topic} in the cluster")
-        if ref.partition not in partitions:
-            raise OutcomeError("input_missing", f"{ref.topic} has no partition {ref.partition} "
-                               f"(it has {len(partitions)})")
-        tp = TopicPartition(ref.topic, ref.partition)
+        """``ref`` read uncommitted on ``stream`` (offsets and metadata asked on the probe):
+        a record that is not there is ``input_missing``."""
+        assert self.probe is not None
         try:
-            assert self.probe is not None
-            first = (await self.probe.beginning_offsets([tp]))[tp]
-            end = (await self.probe.end_offsets([tp]))[tp]
-        except KafkaError as exc:
-            if broker_unavailable(exc):
-                raise _Unreachable(repr(exc)) from exc
-            raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc}") from None
-        if not first <= ref.offset < end:
-            raise OutcomeError(
-                "input_missing",
-                f"{ref.topic}/{ref.partition} holds offsets {first}..{end - 1}, not {ref.offset}",
-            )
-        stream.assign([tp])
-        stream.seek(tp, ref.offset)
-        batch = await stream.getmany(tp, timeout_ms=5000, max_records=1)
-        msgs = batch.get(tp, [])
-        if not msgs:
-            # the offset is in the partition's range: nothing fetched means not reachable
-            raise _Unreachable(f"no fetch from {ref.topic}/{ref.partition} in 5 s")
-        if msgs[0].offset != ref.offset:
-            raise OutcomeError("input_missing", f"no record at {ref.topic}@{ref.offset}")
-        value: bytes = msgs[0].value or b""
-        return value
+            return await read_record_at(stream, ref.topic, ref.partition, ref.offset,
+                                        lookup=self.probe, check_acl=False)
+        except StreamAbsent as exc:
+            raise OutcomeError("input_missing", str(exc)) from None
+        except KafkaError as exc:  # not an outage (that is StreamUnreachable): e.g. denied
+            raise OutcomeError("input_missing", f"cannot read {ref.topic}: {exc!r}") from None
 
     async def output_body(self, result: EngineResult, workload: str) -> Body:
         """The response body: inline, else a chunk stored for ``workload`` (the request's)."""
@@ -284,7 +232,3 @@ class InputReader:
         data = result.output if isinstance(result.output, bytes) else canonical_json(result.output)
         return await self.chunks.put(data, workload=workload,
                                      media_type=result.media_type or "application/json")
-
-
-class _Unreachable(Exception):
-    """A stream read failed because the broker cannot be reached (retried)."""

@@ -1,14 +1,16 @@
 """Reading what references name off the broker: chunks on ``sys.chunks``, and stream records.
 
-For the lease holder and replay (the executor has its own store, :mod:`executor.chunks`); the
-chunk format is :mod:`broker_schema.chunks`, so both read and write the same parts.
+Chunks for the lease holder and replay (the executor has its own store, :mod:`executor.chunks`,
+which writes the same files, :mod:`fx_kafka.chunk_files`); the chunk format is
+:mod:`broker_schema.chunks`, so both read and write the same parts.
 
 - :class:`ChunkTopicReader`: reads the parts of a set of wanted chunks in one pass over
   ``sys.chunks`` (read_committed), keeping an index (key -> offset) so a later call reads only
   what was appended since, and seeks back for parts it indexed before. A tombstone (a part with
   a null value) deletes that part.
 - :func:`write_chunk`: writes a chunk's parts (acks=all) with a plain producer.
-- :class:`StreamRecordReader`: the committed record at a topic, partition and offset.
+- :func:`read_record_at`: the one reading of a stream reference (the executor's inputs, read
+  uncommitted, and :class:`StreamRecordReader`, the committed record for the holder and replay).
 
 No rule about *which* chunks or topics may be read lives here: callers ask
 :mod:`broker_schema.refs` first. A topic this client's ACLs deny raises aiokafka's
@@ -22,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import InvalidTopicError, KafkaError, UnknownTopicOrPartitionError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
 
 from broker_schema import topics
 from broker_schema.chunks import (
@@ -36,8 +40,12 @@ from broker_schema.chunks import (
 )
 from broker_schema.records import ChunkRef
 from fx_kafka.client import check_authorized, make_consumer
+from fx_kafka.retry import broker_unavailable
 
-__all__ = ["ChunkTopicReader", "StreamAbsent", "StreamRecordReader", "write_chunk"]
+__all__ = [
+    "ChunkTopicReader", "StreamAbsent", "StreamRecordReader", "StreamUnreachable",
+    "read_record_at", "topic_partitions", "write_chunk",
+]
 
 ChunkKey = tuple[str, str]
 
@@ -183,9 +191,96 @@ class StreamAbsent(Exception):
         return self.message
 
 
+class StreamUnreachable(Exception):
+    """A stream record could not be read because the broker cannot be reached right now (or
+    fetched nothing in time from an offset it holds): try again later."""
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] | None:
+    """The partitions of ``topic`` in the cluster's metadata, None when it has no such topic.
+
+    Asked with ``allow_auto_topic_creation=false`` on ``consumer``'s connection: a broker that
+    auto-creates topics does not create this one (a consumer's own metadata look-up would:
+    aiokafka asks for a topic it is given with auto-creation allowed). A broker that cannot be
+    reached raises :class:`StreamUnreachable`; another error on the topic is re-raised."""
+    client = consumer._client  # aiokafka (pinned) has no public metadata request
+    node = client.get_random_node()
+    if node is None:
+        raise StreamUnreachable("no broker in the cluster metadata")
+    try:
+        resp = await client.send(node, MetadataRequest([topic], allow_auto_topic_creation=False))
+    except KafkaError as exc:
+        if broker_unavailable(exc):
+            raise StreamUnreachable(repr(exc)) from exc
+        raise
+    for entry in resp.topics:
+        code, name, parts = entry[0], entry[1], entry[-1]
+        if name != topic:
+            continue
+        if code == 0:
+            return {int(p[1]) for p in parts}
+        error = for_code(code)
+        if error in (UnknownTopicOrPartitionError, InvalidTopicError):
+            return None
+        if broker_unavailable(error()):  # e.g. no leader right now
+            raise StreamUnreachable(f"{topic}: {error.__name__}")
+        raise error(f"cannot read {topic}")
+    return None
+
+
+async def read_record_at(fetch: AIOKafkaConsumer, topic: str, partition: int, offset: int, *,
+                         lookup: AIOKafkaConsumer | None = None, check_acl: bool = True,
+                         fetch_timeout_ms: int = 5000) -> bytes:
+    """The value of the record at ``topic``/``partition``@``offset``, fetched on ``fetch``
+    (reassigned to that one partition) with its isolation level: the one reading of a stream
+    reference, for the executor's inputs and the holder's and replay's references.
+
+    The topic is looked up first and never created (:func:`topic_partitions`, on ``lookup``,
+    default ``fetch``, which also answers the offset range). Raises :class:`StreamAbsent`
+    (``no_topic``, ``trimmed``, ``not_yet``: at or past the end ``fetch``'s isolation level
+    sees, ``missing``: another record is there) or :class:`StreamUnreachable` (the broker is
+    away, or nothing came within ``fetch_timeout_ms`` from an offset in range). ``check_acl``:
+    say at once when this client's ACLs deny the topic
+    (:class:`~aiokafka.errors.TopicAuthorizationFailedError`)."""
+    where = f"{topic}/{partition}@{offset}"
+    lookup = fetch if lookup is None else lookup
+    parts = await topic_partitions(lookup, topic)
+    if parts is None:
+        raise StreamAbsent("no_topic", f"{where}: no topic {topic} in the cluster")
+    if partition not in parts:
+        raise StreamAbsent("no_topic", f"{where}: {topic} has no partition {partition} "
+                           f"(it has {len(parts)})")
+    tp = TopicPartition(topic, partition)
+    fetch.assign([tp])
+    if check_acl:
+        await check_authorized(fetch, [topic])  # denied: said at once
+    try:
+        first = (await lookup.beginning_offsets([tp]))[tp]
+        end = (await lookup.end_offsets([tp]))[tp]
+    except KafkaError as exc:
+        if broker_unavailable(exc):
+            raise StreamUnreachable(repr(exc)) from exc
+        raise
+    if offset < first:
+        raise StreamAbsent("trimmed", f"{where}: trimmed (the log starts at {first})")
+    if offset >= end:
+        raise StreamAbsent("not_yet", f"{where}: not written (or not committed) yet "
+                           f"(the partition ends at {end})")
+    fetch.seek(tp, offset)
+    batch = await fetch.getmany(tp, timeout_ms=fetch_timeout_ms, max_records=1)
+    msgs = batch.get(tp, [])
+    if not msgs:  # the offset is in the partition's range: nothing fetched means not reachable
+        raise StreamUnreachable(f"{where}: nothing fetched in {fetch_timeout_ms / 1000:g} s")
+    if msgs[0].offset != offset:
+        raise StreamAbsent("missing", f"{where}: no record there (the next is at "
+                           f"{msgs[0].offset})")
+    value: bytes = msgs[0].value or b""
+    return value
+
+
 class StreamRecordReader:
     """The committed record at a topic, partition and offset (one consumer, reassigned per
-    read; one task at a time)."""
+    read; one task at a time), by :func:`read_record_at`."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -205,37 +300,12 @@ class StreamRecordReader:
 
     async def read(self, topic: str, partition: int, offset: int) -> bytes:
         """The value of the record at ``topic``/``partition``@``offset``, or
-        :class:`StreamAbsent`. The topic is looked up first (never created)."""
+        :class:`StreamAbsent` (a broker that cannot be reached, or a fetch that brings nothing,
+        is ``not_yet``: it may still come)."""
         if self._consumer is None:
             raise RuntimeError("StreamRecordReader.read before start()")
-        where = f"{topic}/{partition}@{offset}"
         async with self._lock:
-            consumer = self._consumer
-            # the cluster's metadata as fetched (never creating the topic); aiokafka has no
-            # public view of another topic's partitions before it is assigned
-            cluster = await consumer._client.fetch_all_metadata()
-            if topic not in cluster.topics():
-                raise StreamAbsent("no_topic", f"{where}: no topic {topic} in the cluster")
-            parts = cluster.partitions_for_topic(topic) or set()
-            if partition not in parts:
-                raise StreamAbsent("no_topic", f"{where}: {topic} has no partition {partition}")
-            tp = TopicPartition(topic, partition)
-            consumer.assign([tp])
-            await check_authorized(consumer, [topic])  # denied: said at once
-            first = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            if offset < first:
-                raise StreamAbsent("trimmed", f"{where}: trimmed (the log starts at {first})")
-            if offset >= end:
-                raise StreamAbsent("not_yet", f"{where}: not written (or not committed) yet "
-                                   f"(the partition ends at {end})")
-            consumer.seek(tp, offset)
-            batch = await consumer.getmany(tp, timeout_ms=5000, max_records=1)
-            msgs = batch.get(tp, [])
-            if not msgs:
-                raise StreamAbsent("not_yet", f"{where}: nothing fetched in 5 s")
-            if msgs[0].offset != offset:
-                raise StreamAbsent("missing", f"{where}: no record there (the next is at "
-                                   f"{msgs[0].offset})")
-            value: bytes = msgs[0].value or b""
-            return value
+            try:
+                return await read_record_at(self._consumer, topic, partition, offset)
+            except StreamUnreachable as exc:
+                raise StreamAbsent("not_yet", f"{topic}/{partition}@{offset}: {exc}") from None

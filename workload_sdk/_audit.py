@@ -78,6 +78,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from broker_schema import (
+    HOLDER_OUTCOMES,
     ChunkRef,
     ClaimRecord,
     DecodeError,
@@ -126,7 +127,6 @@ INVARIANTS: dict[str, str] = {
 MAX_LISTED = 20
 
 Status = Literal["ok", "violated", "gap", "skipped"]
-_HOLDER_OUTCOMES = frozenset({"timeout", "unknown"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ def _check_one_answer(rd: _Reader, log: WorkloadLog, claims: _Claims,
         if record.effect_id != answer.effect_id:
             inv.violate(merge.topic, rec.offset, f"the entry delivers {record.effect_id} but "
                         f"{resp_view.topic}@{record.source_offset} answers {answer.effect_id}")
-        if answer.outcome in _HOLDER_OUTCOMES and not holder_written(answer, holders):
+        if answer.outcome in HOLDER_OUTCOMES and not holder_written(answer, holders):
             inv.violate(resp_view.topic, record.source_offset,
                         f"a delivered {answer.outcome} for {answer.effect_id} written by "
                         f"{answer.written_by!r}, who holds no claim: only the lease holder "

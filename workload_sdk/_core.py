@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 
 from broker_schema import (
+    HOLDER_OUTCOMES,
     INLINE_MAX_BYTES,
     MAX_JSON_DEPTH,
     AcceptedRecord,
@@ -29,6 +30,7 @@ from broker_schema import (
     ChunkRef,
     EffectHeader,
     EffectRequest,
+    HolderOutcome,
     InlineBody,
     InputRecord,
     MergeEntry,
@@ -70,7 +72,6 @@ from workload_sdk._api import (
 Source = Literal["in", "resp"]
 
 #: Outcomes after which a later answer for the same effect id is passed over as ``after_outcome``.
-_TERMINAL_GUESSES = frozenset({"timeout", "unknown"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +453,7 @@ class Core:
             resolved, unreadable = self._body_bytes(item, spec)
             self.pending.pop(record.effect_id)
             self.pacing.note(record.outcome, item.time_ms)
-            if record.outcome in _TERMINAL_GUESSES:
+            if record.outcome in HOLDER_OUTCOMES:
                 self.guessed[record.effect_id] = record.outcome
             event = EffectResult(
                 seq=self.seq, time_ms=item.time_ms, effect_id=record.effect_id,
@@ -585,11 +586,11 @@ class Due:
     """An effect due a holder-written outcome, and the append time it was judged against."""
 
     effect_id: str
-    outcome: Literal["timeout", "unknown"]
+    outcome: HolderOutcome
     due_at_ms: int
 
 
-def due_at(p: Pending, request_time_ms: int) -> tuple[Literal["timeout", "unknown"], int]:
+def due_at(p: Pending, request_time_ms: int) -> tuple[HolderOutcome, int]:
     """When ``p`` becomes due and what: ``timeout`` at the request's append time plus its
     deadline while nothing accepted it, else ``unknown`` at the latest accept plus its lease."""
     if p.accepted_ms is None or p.lease_ms is None:
@@ -634,7 +635,7 @@ def next_due_ms(pending: Mapping[str, Pending], request_times: Mapping[str, int]
     return min(dues) if dues else None
 
 
-def holder_outcome(p: Pending, *, request_offset: int, outcome: Literal["timeout", "unknown"],
+def holder_outcome(p: Pending, *, request_offset: int, outcome: HolderOutcome,
                    holder_id: str, workload_id: str) -> ResponseRecord:
     """The ``timeout``/``unknown`` response the holder writes for pending effect ``p``."""
     header = EffectHeader(workload_id=workload_id, input_offset=p.input_offset, index=p.index,

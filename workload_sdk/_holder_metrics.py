@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from broker_schema import PassOverReason
 from workload_sdk._round import Answer
 from workload_sdk._signature_tally import SIGNATURE_FAILURE_REASONS
 
@@ -29,9 +31,8 @@ _ROUND_TRIP_BUCKETS = (
 #: ``accepted`` record is bookkeeping, not a rejection), and the shell's own: ``undecodable``
 #: (no valid record) and ``wrong_record`` (a valid record of a kind that does not belong on
 #: ``.resp``).
-REJECTED_REASONS = ("duplicate", "after_outcome", "unknown_effect", "undecodable",
-                    "wrong_record", "foreign_request", "unsigned", "untrusted_key",
-                    "foreign_tick")
+REJECTED_REASONS = (*(r for r in get_args(PassOverReason) if r != "not_an_answer"),
+                    "undecodable", "wrong_record", "foreign_tick")
 
 
 class HolderMetrics:

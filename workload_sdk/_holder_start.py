@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from broker_schema import (
+    HOLDER_OUTCOMES,
     AcceptedRecord,
     ClaimRecord,
     DecodeError,
@@ -250,7 +251,7 @@ def resumed_state(workload: Workload, wl: WorkloadLog) -> Resumed:
             answer = decode(rec.value)
         except DecodeError:
             continue
-        if (isinstance(answer, ResponseRecord) and answer.outcome in ("timeout", "unknown")
+        if (isinstance(answer, ResponseRecord) and answer.outcome in HOLDER_OUTCOMES
                 and answer.effect_id in core.pending):
             written.add(answer.effect_id)
         elif isinstance(answer, AcceptedRecord):

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_schema import FactsRecord, ResponseRecord
+from broker_schema import HOLDER_OUTCOMES, FactsRecord, ResponseRecord
 from broker_schema.key_history import response_key_problem, response_node
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ __all__ = ["SIGNATURE_FAILURE_REASONS", "SignatureFailure", "SignatureTally",
 SIGNATURE_FAILURE_REASONS: tuple[str, ...] = ("invalid", "unknown_key", "unsigned")
 
 #: The outcomes a lease holder writes itself, unsigned (it has no node key).
-_HOLDER_OUTCOMES = frozenset({"timeout", "unknown"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +56,7 @@ class SignatureTally:
 def holder_written(resp: ResponseRecord, holder_ids: Set[str]) -> bool:
     """A ``timeout``/``unknown`` a lease holder wrote: unsigned, no executor block, written by
     the holder id of a claim (the rule of ``fx audit``)."""
-    return (resp.outcome in _HOLDER_OUTCOMES and resp.signature is None
+    return (resp.outcome in HOLDER_OUTCOMES and resp.signature is None
             and resp.executor is None and resp.written_by in holder_ids)
 
 

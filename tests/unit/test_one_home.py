@@ -1,6 +1,7 @@
 """One home per wire concept: topic names only from ``broker_schema.topics``, the ``sha256:``
 spelling only from ``broker_schema.canonical``, signature checks only through
-``broker_schema.signatures``. (Which package may import which: ``test_import_rules.py``.)
+``broker_schema.signatures``; the holder's own outcomes only from ``broker_schema.records``.
+(Which package may import which: ``test_import_rules.py``.)
 
 The checks read the source tree (AST, so docstrings, comments and help texts that *mention* a
 topic or a hash do not count) and name every offending line.
@@ -378,3 +379,29 @@ def test_key_trust_is_decided_only_in_broker_schema_key_history() -> None:
 def test_signature_checks_take_three_arguments() -> None:
     problems = [p for rel, tree in _sources() for p in _three_arg_problems(rel, tree)]
     assert problems == [], "\n".join(problems)
+
+
+def _holder_outcome_problems(rel: str, tree: ast.Module) -> Iterator[str]:
+    """A collection spelling exactly the holder's outcomes (``timeout`` and ``unknown``) outside
+    ``broker_schema/records.py``, which declares them once (``HolderOutcome``,
+    ``HOLDER_OUTCOMES``). Production code only: tests draw outcomes as data."""
+    if rel == "broker_schema/records.py" or rel.startswith("tests/"):
+        return
+    want = {"timeout", "unknown"}
+    for node in ast.walk(tree):
+        # a Literal[...] of the two is a tuple in its subscript
+        elts = list(node.elts) if isinstance(node, ast.Set | ast.Tuple | ast.List) else None
+        if elts and len(elts) == 2 and all(_is_str(e) for e in elts) and \
+                {typing.cast(ast.Constant, e).value for e in elts} == want:
+            yield f"{rel}:{node.lineno}: spells the holder's outcomes (use HOLDER_OUTCOMES)"
+
+
+def test_the_holder_outcomes_are_declared_once() -> None:
+    problems = [p for rel, tree in _sources() for p in _holder_outcome_problems(rel, tree)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_holder_outcome_rule_finds_a_copy() -> None:
+    bad = ast.parse('A = frozenset({"timeout", "unknown"})\nB = ("unknown", "timeout")\n'
+                    'x: Literal["timeout", "unknown"]\nC = ("timeout", "ok")\n')
+    assert len(list(_holder_outcome_problems("workload_sdk/x.py", bad))) == 3

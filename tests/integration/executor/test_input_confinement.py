@@ -25,7 +25,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from broker_schema import encode, topics
 from broker_schema.records import AcceptedRecord, InlineBody, InputRecord, StreamRef
-from executor.inputs import InputReader
+from executor import inputs as executor_inputs
 from executor.models import ModelStore
 from fx_kafka.client import make_admin
 from fx_kafka.errors import FetchError, JavaNotFoundError
@@ -107,13 +107,13 @@ def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     Installed on the class before an executor starts: one may answer its first requests before
     ``running`` hands it over."""
     seen: list[str] = []
-    real = InputReader._partitions
+    real = executor_inputs.read_record_at
 
-    async def partitions(self: InputReader, topic: str) -> Any:
+    async def read_record_at(fetch: Any, topic: str, *args: Any, **kw: Any) -> bytes:
         seen.append(topic)
-        return await real(self, topic)
+        return await real(fetch, topic, *args, **kw)
 
-    monkeypatch.setattr(InputReader, "_partitions", partitions)
+    monkeypatch.setattr(executor_inputs, "read_record_at", read_record_at)
     return seen
 
 
