@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fx_kafka.client import bootstrap_of
-from fx_kafka.security import use_security
 from fx_node.settings import ConfigError
 
 __all__ = ["register"]
@@ -31,7 +30,6 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         config = load_gateway_config(args.config)
-        security = config.client_security()
     except ConfigError as exc:
         print(f"fx actuator run: {exc}", file=sys.stderr)
         return 2
@@ -39,20 +37,9 @@ def _run(args: argparse.Namespace) -> int:
         print(config)
         return 0
     from actuator.service import GatewayService
+    from fx_node.service import run_node
 
-    async def main() -> int:
-        service = GatewayService(config)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.request_stop)
-        await service.run()
-        return 0
-
-    log.info("actuator gateway config:\n%s", config)
-    if security is None:
-        return asyncio.run(main())
-    with use_security(security):
-        return asyncio.run(main())
+    return run_node("fx actuator run", config, lambda: GatewayService(config))
 
 
 def _device(args: argparse.Namespace) -> int:

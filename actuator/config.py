@@ -26,8 +26,6 @@ queue_limit = 16
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,13 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from broker_schema import topics
 from broker_schema.records import EffectKind, Guarantee
-from fx_kafka.security import ClientSecurity
-from fx_node.settings import (
-    check_security_keys,
-    default_data_dir,
-    load_settings,
-    security_of,
-)
+from fx_node.settings import NodeConfig, default_data_dir, load_settings
 
 __all__ = ["CRASH_POINTS", "ENV_PREFIX", "DeviceConfig", "GatewayConfig", "KindConfig",
            "TelemetryConfig", "load_gateway_config"]
@@ -115,51 +107,31 @@ class TelemetryConfig(BaseModel):
     interval_s: Annotated[float, Field(gt=0, le=3600)] = 1.0
 
 
-class GatewayConfig(BaseModel):
-    """Everything ``fx actuator run`` needs. ``print(config)`` shows it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class GatewayConfig(NodeConfig):
+    """Everything ``fx actuator run`` needs: the node shell's settings
+    (:class:`fx_node.settings.NodeConfig`) and the device runner's. ``print(config)`` shows
+    it."""
 
     #: This node's id: ``written_by`` of its responses, key of its facts on ``sys.facts``, and
     #: the name of its memory topic ``sys.actuator.<node_id>``.
     node_id: Annotated[str, Field(min_length=1, max_length=200)] = Field(
         default_factory=_default_node_id)
-    bootstrap: str = Field(
-        default_factory=lambda: os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     kinds: dict[EffectKind, KindConfig] = Field(default_factory=dict)
     devices: dict[_Name, DeviceConfig] = Field(default_factory=dict)
     telemetry: list[TelemetryConfig] = Field(default_factory=list)
-    #: Which ``.out`` topics to read (a regex over topic names).
-    topic_pattern: str = topics.OUT_PATTERN
     #: Consumer group per kind: ``<group_prefix>.<kind>``.
     group_prefix: str = "fx-actuator"
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "gateway.key")
-    key_type: Literal["ed25519", "secp256k1"] = "ed25519"
-    http_host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8089
-    metadata_max_age_ms: Annotated[int, Field(ge=100)] = 3000
-    session_timeout_ms: Annotated[int, Field(ge=1000)] = 10_000
-    heartbeat_interval_ms: Annotated[int, Field(ge=100)] = 1000
-    #: On SIGTERM: how long commands in flight may take before the gateway stops anyway (a
-    #: command being written to a device is never abandoned half-way by the gateway itself).
-    shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
-    #: How often facts are republished even without a change (0: only at start and on change).
-    facts_interval_s: Annotated[float, Field(ge=0)] = 60.0
     #: Fault injection for tests: SIGKILL this process at that point of the first command that
     #: reaches it (:data:`CRASH_POINTS`). Never set in production.
     crash_at: CrashPoint | None = None
-    kafka_security: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("node_id")
     @classmethod
     def _check_node_id(cls, value: str) -> str:
         topics.actuator_memory(value)  # its memory topic is named after it
         return value
-
-    @field_validator("kafka_security")
-    @classmethod
-    def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_security_keys(value)
 
     @model_validator(mode="after")
     def _check_devices(self) -> GatewayConfig:
@@ -187,17 +159,6 @@ class GatewayConfig(BaseModel):
         """Kind -> the guarantee it is served with."""
         return {kind: served.guarantee for kind, served in self.kinds.items()}
 
-    def group_id(self, kind: str) -> str:
-        """The consumer group serving ``kind``."""
-        return f"{self.group_prefix}.{kind}"
-
-    def client_security(self) -> ClientSecurity | None:
-        """The broker security of ``kafka_security`` (None: the environment decides)."""
-        return security_of(self.kafka_security)
-
-    def __str__(self) -> str:
-        return "\n".join(f"{name} = {json.dumps(value)}"
-                         for name, value in self.model_dump(mode="json").items())
 
 
 def load_gateway_config(path: str | Path | None = None, *,

@@ -5,16 +5,13 @@ and the integer engine's commands from :mod:`executor.integer_cli` (``fx models 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from executor.config import load_config
-from fx_kafka.security import use_security
 from fx_node.settings import ConfigError, default_data_dir
 
 __all__ = ["register"]
@@ -41,36 +38,9 @@ def _run(args: argparse.Namespace) -> int:
         print(config)
         return 0
     from executor.service import ExecutorService
+    from fx_node.service import run_node
 
-    async def main() -> int:
-        service = ExecutorService(config)
-        loop = asyncio.get_running_loop()
-        stops = 0
-
-        def on_signal() -> None:
-            nonlocal stops
-            stops += 1
-            if stops > 1:  # a second signal: no more grace
-                log.warning("second signal: exiting now")
-                sys.exit(1)
-            log.info("stopping (grace %.1f s)", config.shutdown_grace_s)
-            service.request_stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        await service.run()
-        return 0
-
-    log.info("executor config:\n%s", config)
-    try:
-        security = config.client_security()
-    except ConfigError as exc:
-        print(f"fx executor run: {exc}", file=sys.stderr)
-        return 2
-    if security is None:
-        return asyncio.run(main())
-    with use_security(security):  # every client the service makes uses it (fx_kafka.security)
-        return asyncio.run(main())
+    return run_node("fx executor run", config, lambda: ExecutorService(config))
 
 
 def _import(args: argparse.Namespace) -> int:

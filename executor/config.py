@@ -8,16 +8,12 @@ back to ``FX_KAFKA_BOOTSTRAP``.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
@@ -25,8 +21,7 @@ from pydantic import (
 
 from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
-from fx_kafka.security import ClientSecurity
-from fx_node.settings import check_security_keys, default_data_dir, load_settings, security_of
+from fx_node.settings import NodeConfig, default_data_dir, load_settings
 
 __all__ = ["ENV_PREFIX", "ExecutorConfig", "load_config"]
 
@@ -37,24 +32,19 @@ def _default_node_id() -> str:
     return f"exec-{socket.gethostname()}"
 
 
-class ExecutorConfig(BaseModel):
-    """Everything ``fx executor run`` needs. ``print(config)`` shows it (``str`` is TOML-like)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class ExecutorConfig(NodeConfig):
+    """Everything ``fx executor run`` needs: the node shell's settings
+    (:class:`fx_node.settings.NodeConfig`) and the model runner's. ``print(config)`` shows it
+    (``str`` is TOML-like)."""
 
     #: This node's id: ``written_by`` of its responses, key of its facts on ``sys.facts``.
     node_id: Annotated[str, Field(min_length=1, max_length=200)] = Field(
         default_factory=_default_node_id
     )
-    bootstrap: str = Field(
-        default_factory=lambda: os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    )
     #: Effect kinds served, each with its queue limit (requests waiting plus running).
     kinds: dict[EffectKind, Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
         default_factory=lambda: {INFERENCE_KIND: 16}
     )
-    #: Which ``.out`` topics to read (a regex over topic names). Narrow it to share a broker.
-    topic_pattern: str = topics.OUT_PATTERN
     #: Consumer group per kind: ``<group_prefix>.<kind>``.
     group_prefix: str = "fx-executor"
     #: Model store directory (see :mod:`executor.models`).
@@ -64,7 +54,6 @@ class ExecutorConfig(BaseModel):
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "node.key")
     #: The type of a key created at ``key_file``: ``ed25519`` or ``secp256k1`` (ECDSA, for
     #: notarising receipts on chains that use that curve). docs/security.md, "Node keys".
-    key_type: Literal["ed25519", "secp256k1"] = "ed25519"
     #: Chunk store: ``fs`` (a directory, one machine) or ``kafka`` (compacted ``sys.chunks``,
     #: across machines, with ``chunk_dir`` as its local cache).
     chunk_backend: Literal["fs", "kafka"] = "fs"
@@ -107,25 +96,10 @@ class ExecutorConfig(BaseModel):
     #: parity gate"): ``fallback`` serves the model on the numpy oracle, ``refuse`` serves it not
     #: at all (its requests are answered ``parity_gate_refused``).
     parity_failure: Literal["fallback", "refuse"] = "fallback"
-    #: HTTP (health, metrics, facts). ``http_port`` 0 picks a free port; None disables HTTP.
-    http_host: str = "127.0.0.1"
+    #: HTTP (health, metrics, facts). 0 picks a free port; None disables HTTP.
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088
-    #: How often pattern subscription looks for new ``wl.*.out`` topics.
-    metadata_max_age_ms: Annotated[int, Field(ge=100)] = 3000
-    session_timeout_ms: Annotated[int, Field(ge=1000)] = 10_000
-    heartbeat_interval_ms: Annotated[int, Field(ge=100)] = 1000
-    #: On SIGTERM: how long in-flight requests may take to finish before they are abandoned
-    #: (abandoned accepted requests become ``unknown`` at the lease holder, by design).
-    shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
     #: On a rebalance: how long to wait for in-flight requests of revoked partitions.
     revoke_grace_s: Annotated[float, Field(ge=0)] = 10.0
-    #: How often facts are republished even without a change (0: only at start and on change).
-    facts_interval_s: Annotated[float, Field(ge=0)] = 60.0
-    #: Broker security, as the ``FX_KAFKA_*`` variables of :mod:`fx_kafka.security` without
-    #: the ``FX_KAFKA_`` prefix, in lower case: ``security_protocol``, ``sasl_mechanism``,
-    #: ``sasl_username``, ``sasl_password_file``, ``ca_file``, ``ssl_check_hostname``. A
-    #: password is named by file only (the config is printed). Empty: the environment decides.
-    kafka_security: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _handlers_served(self) -> ExecutorConfig:
@@ -134,31 +108,11 @@ class ExecutorConfig(BaseModel):
             raise ValueError(f"handlers names kinds that are not in kinds: {unserved}")
         return self
 
-    @field_validator("topic_pattern")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        import re
-
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"topic_pattern is not a regex: {exc}") from exc
-        return value
-
     @property
     def receipt_chain_file(self) -> Path:
         """Where receipt-signing engines keep the node's chain head: beside the node key."""
         return self.key_file.with_name(self.key_file.name + ".receipt-chain.json")
 
-    def group_id(self, kind: str) -> str:
-        """The consumer group serving ``kind``."""
-        return f"{self.group_prefix}.{kind}"
-
-    def __str__(self) -> str:
-        lines = []
-        for name, value in self.model_dump(mode="json").items():
-            lines.append(f"{name} = {json.dumps(value)}")
-        return "\n".join(lines)
 
 
     @field_validator("node_id")
@@ -169,16 +123,6 @@ class ExecutorConfig(BaseModel):
         topics.ledger(value)
         return value
 
-    @field_validator("kafka_security")
-    @classmethod
-    def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_security_keys(value)
-
-    def client_security(self) -> ClientSecurity | None:
-        """The broker security of ``kafka_security`` (None when it is empty: the ``FX_KAFKA_*``
-        environment applies). Raises :class:`fx_node.settings.ConfigError` for settings that do not
-        fit."""
-        return security_of(self.kafka_security)
 
 
 def load_config(

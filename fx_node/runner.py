@@ -57,7 +57,8 @@ class NodeSettings:
 
 
 class ServiceConfig(Protocol):
-    """What a service's config has that the shell reads (the executor's and the gateway's)."""
+    """What a service's config has that the shell reads (the executor's and the gateway's, both a
+    :class:`fx_node.settings.NodeConfig` with their node id, kinds and HTTP port)."""
 
     @property
     def node_id(self) -> str: ...

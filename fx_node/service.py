@@ -7,11 +7,20 @@ with their own runner; what they add is only what their runner owns.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
 from typing import Any
 
+from fx_kafka.security import use_security
+from fx_node.settings import ConfigError, NodeConfig
 from fx_node.shell import NodeShell
 
-__all__ = ["NodeService"]
+__all__ = ["NodeService", "run_node"]
+
+log = logging.getLogger("fx_node.service")
 
 
 class NodeService:
@@ -59,3 +68,41 @@ class NodeService:
     def metrics_text(self) -> bytes:
         """Prometheus text (queue gauges refreshed first)."""
         return self.node.metrics_text()
+
+
+def run_node(command: str, config: NodeConfig, make: Callable[[], NodeService]) -> int:
+    """Run the service ``make()`` builds until SIGTERM or SIGINT (the CLI's ``run`` commands):
+    the first signal stops it with ``config.shutdown_grace_s`` for work in flight, a second one
+    exits at once (status 1). The broker security of ``config`` wraps every client the service
+    makes; a security setting that does not fit is one line on stderr and status 2."""
+    try:
+        security = config.client_security()
+    except ConfigError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        service = make()
+        loop = asyncio.get_running_loop()
+        stops = 0
+
+        def on_signal() -> None:
+            nonlocal stops
+            stops += 1
+            if stops > 1:  # a second signal: no more grace
+                log.warning("second signal: exiting now")
+                sys.exit(1)
+            log.info("stopping (grace %.1f s)", config.shutdown_grace_s)
+            service.request_stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await service.run()
+        return 0
+
+    log.info("%s config:\n%s", command, config)
+    if security is None:
+        return asyncio.run(main())
+    with use_security(security):  # every client the service makes uses it (fx_kafka.security)
+        return asyncio.run(main())
+

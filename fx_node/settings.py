@@ -14,14 +14,15 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from broker_schema import topics
 from fx_kafka.security import ClientSecurity, SecurityConfigError
 
-__all__ = ["SECURITY_KEYS", "ConfigError", "check_security_keys", "default_data_dir",
-           "load_settings", "misplaced_settings", "security_of"]
+__all__ = ["SECURITY_KEYS", "ConfigError", "NodeConfig", "check_security_keys",
+           "default_data_dir", "load_settings", "misplaced_settings", "security_of"]
 
 #: The keys ``kafka_security`` takes (``FX_KAFKA_<KEY>`` in the environment).
 SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file",
@@ -146,3 +147,68 @@ def load_settings(
         return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+class NodeConfig(BaseModel):
+    """The settings of the node shell (:mod:`fx_node.shell`) that every node service has: the
+    executor's and the gateway's configs extend it with their node id, group prefix, key file,
+    HTTP port (each with its own default) and the runner's own settings. ``print(config)``
+    shows it (``str`` is TOML-like)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(
+        default_factory=lambda: os.environ.get("FX_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    #: Which ``.out`` topics to read (a regex over topic names). Narrow it to share a broker.
+    topic_pattern: str = topics.OUT_PATTERN
+    #: Consumer group per kind: ``<group_prefix>.<kind>`` (each service has its own default).
+    group_prefix: str = "fx-node"
+    key_type: Literal["ed25519", "secp256k1"] = "ed25519"
+    #: HTTP (health, metrics, facts); the port is the service's (0 picks a free port; None
+    #: disables HTTP).
+    http_host: str = "127.0.0.1"
+    #: How often pattern subscription looks for new ``wl.*.out`` topics.
+    metadata_max_age_ms: Annotated[int, Field(ge=100)] = 3000
+    session_timeout_ms: Annotated[int, Field(ge=1000)] = 10_000
+    heartbeat_interval_ms: Annotated[int, Field(ge=100)] = 1000
+    #: On SIGTERM: how long work in flight may take before the node stops anyway (the
+    #: executor's abandoned accepted requests become ``unknown`` at the lease holder, by design;
+    #: a command being written to a device is never abandoned half-way by the gateway itself).
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    #: How often facts are republished even without a change (0: only at start and on change).
+    facts_interval_s: Annotated[float, Field(ge=0)] = 60.0
+    #: Broker security, as the ``FX_KAFKA_*`` variables of :mod:`fx_kafka.security` without
+    #: the ``FX_KAFKA_`` prefix, in lower case: ``security_protocol``, ``sasl_mechanism``,
+    #: ``sasl_username``, ``sasl_password_file``, ``ca_file``, ``ssl_check_hostname``. A
+    #: password is named by file only (the config is printed). Empty: the environment decides.
+    kafka_security: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        import re
+
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"topic_pattern is not a regex: {exc}") from exc
+        return value
+
+    @field_validator("kafka_security")
+    @classmethod
+    def _check_security_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_security_keys(value)
+
+    def group_id(self, kind: str) -> str:
+        """The consumer group serving ``kind``: ``<group_prefix>.<kind>``."""
+        return f"{self.group_prefix}.{kind}"
+
+    def client_security(self) -> ClientSecurity | None:
+        """The broker security of ``kafka_security`` (None when it is empty: the ``FX_KAFKA_*``
+        environment applies). Raises :class:`ConfigError` for settings that do not fit."""
+        return security_of(self.kafka_security)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{name} = {json.dumps(value)}"
+                         for name, value in self.model_dump(mode="json").items())
+
