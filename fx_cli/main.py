@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from fx_kafka.cli_errors import run_command
 from fx_kafka.logs import quiet_client_logs
 
 #: Modules with a ``register(subparsers)`` function, in help order.
@@ -56,11 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
-    try:
-        code: int = args.func(args)
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run_command(args.func, args, verbose=args.verbose)
 
 
 if __name__ == "__main__":
