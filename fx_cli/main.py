@@ -56,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the Kafka client's INFO lines are not for a user (fx -v shows them)
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
     quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
     return run_command(args.func, args, verbose=args.verbose)
 

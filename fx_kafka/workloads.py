@@ -10,6 +10,7 @@ the ids that do exist. :func:`workload_problem` decides from a list of topic nam
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 from broker_schema import topics
@@ -76,14 +77,21 @@ async def topic_names(bootstrap: str) -> set[str]:
     from fx_kafka.client import make_consumer
 
     consumer = make_consumer(bootstrap, request_timeout_ms=15_000)
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    # the failure is said once, below: not also as the client's own ERROR line
+    client_log.setLevel(logging.CRITICAL)
     try:
         await consumer.start()
         return set(await consumer.topics())
     except (KafkaError, OSError, TimeoutError) as exc:
-        raise UnknownWorkload(f"cannot list the workloads on {bootstrap}: "
-                              f"{type(exc).__name__}: {exc}") from None
+        detail = str(exc)
+        if not detail.startswith(type(exc).__name__):
+            detail = f"{type(exc).__name__}: {detail}"
+        raise UnknownWorkload(f"cannot list the workloads on {bootstrap}: {detail}") from None
     finally:
         await consumer.stop()
+        client_log.setLevel(level)
 
 
 async def list_workloads(bootstrap: str) -> list[str]:
