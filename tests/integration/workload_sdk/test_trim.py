@@ -272,13 +272,13 @@ async def test_a_topic_with_retention_shorter_than_the_horizon_is_refused(
 
     # fx workload spec with the default horizon (forever) is refused, and writes nothing
     spec = _cli("workload", "spec", wid, "--module", MODULE, "--kind", INFERENCE_KIND,
-                "--model", f"m={MODEL}", "--bootstrap", kafka_bootstrap)
+                "--model", f"m={MODEL}", "--force", "--bootstrap", kafka_bootstrap)
     assert spec.returncode == EXIT_MISMATCH
     assert f"{topics.resp(wid)}: retention.ms=60000" in spec.stderr
     assert "retention.ms=-1" in spec.stderr and "Traceback" not in spec.stderr
     # with a horizon the retention covers, it is written
     spec = _cli("workload", "spec", wid, "--module", MODULE, "--kind", INFERENCE_KIND,
-                "--model", f"m={MODEL}", "--audit-horizon-ms", "30000",
+                "--model", f"m={MODEL}", "--force", "--audit-horizon-ms", "30000",
                 "--bootstrap", kafka_bootstrap)
     assert spec.returncode == 0, spec.stderr
     log = await read_trim_log(kafka_bootstrap, wid)
