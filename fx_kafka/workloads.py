@@ -5,18 +5,25 @@ A command that reads a topic which does not exist waits out the client's request
 and then raises ``KafkaTimeoutError``; a typo in a workload id must answer at once instead, with
 the ids that do exist. :func:`workload_problem` decides from a list of topic names (pure);
 :func:`require_workload` reads the names (a metadata request: no topic is created) and raises
-:class:`UnknownWorkload` with that one line.
+:class:`UnknownWorkload` with that one line. Commands register through :func:`needs_workload`
+(``fx why: no workload 'qgat-1' on this broker; known: qgate-1`` and the command's exit code).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 
 from broker_schema import topics
+from fx_kafka.client import bootstrap_of
 
-__all__ = ["KNOWN_SHOWN", "UnknownWorkload", "list_workloads", "require_workload",
-           "topic_names", "workload_ids", "workload_problem"]
+__all__ = ["KNOWN_SHOWN", "Command", "UnknownWorkload", "check_workload", "list_workloads",
+           "needs_workload", "require_workload", "topic_names", "workload_ids",
+           "workload_problem"]
 
 #: How many known workload ids a message lists before it says how many more there are.
 KNOWN_SHOWN = 20
@@ -106,3 +113,51 @@ async def require_workload(bootstrap: str, workload_id: str,
     problem = workload_problem(workload_id, await topic_names(bootstrap), streams)
     if problem is not None:
         raise UnknownWorkload(problem)
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    words = [str(args.command)]
+    for attr in ("workload_cmd", "chunk_cmd"):
+        sub = getattr(args, attr, None)
+        if sub:
+            words.append(str(sub))
+    return "fx " + " ".join(words)
+
+
+def check_workload(bootstrap: str, workload_id: str, *,
+                   streams: Sequence[str] = topics.STREAMS) -> str | None:
+    """The one line saying why ``workload_id`` cannot be used on ``bootstrap``, or None (for
+    a command, outside an event loop)."""
+    try:
+        asyncio.run(require_workload(bootstrap, workload_id, streams))
+    except UnknownWorkload as exc:
+        return str(exc)
+    return None
+
+
+def needs_workload(func: Command, *, exit_code: int, attr: str = "id",
+                   bootstrap: Callable[[argparse.Namespace], str] | None = None,
+                   streams: Sequence[str] = topics.STREAMS) -> Command:
+    """``func`` run only when the workload ``args.<attr>`` names is on the broker; otherwise
+    ``<command>: <why>`` on stderr and ``exit_code``. ``bootstrap`` reads the broker address
+    from the arguments (default: ``--bootstrap``, ``$FX_KAFKA_BOOTSTRAP``, the local one); when
+    it raises ``SystemExit`` (no broker named) ``func`` runs and says so itself."""
+
+    @functools.wraps(func)
+    def checked(args: argparse.Namespace) -> int:
+        workload_id = getattr(args, attr, None)
+        if workload_id is not None:
+            try:
+                address = (bootstrap or (lambda a: bootstrap_of(a.bootstrap)))(args)
+            except SystemExit:
+                return func(args)
+            problem = check_workload(address, str(workload_id), streams=streams)
+            if problem is not None:
+                print(f"{_command_name(args)}: {problem}", file=sys.stderr, flush=True)
+                return exit_code
+        return func(args)
+
+    return checked

@@ -28,8 +28,8 @@ from broker_schema import (
 )
 from fx_kafka.client import make_producer
 from fx_kafka.workload_log import read_topic
+from fx_kafka.workloads import needs_workload
 from workload_sdk._holder_start import NoSpec, latest_spec
-from workload_sdk._known import needs_workload
 
 __all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
            "write_change"]

@@ -25,8 +25,8 @@ from typing import Any
 
 from fx_kafka.client import bootstrap_of
 from fx_kafka.workload_log import LogGap
+from fx_kafka.workloads import check_workload
 from workload_sdk._commands import MODULE_PLACEHOLDER, show_command
-from workload_sdk._known import check_workload
 from workload_sdk._loader import load_workload
 
 __all__ = ["parse_duration", "register"]

@@ -34,11 +34,11 @@ from fx_kafka.errors import TopicConfigError
 from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
+from fx_kafka.workloads import needs_workload
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
-from workload_sdk._known import needs_workload
 from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
 from workload_sdk._observe import DEFAULT_GROUP_PREFIXES
@@ -360,7 +360,11 @@ def _replay(args: argparse.Namespace) -> int:
 def _parse_time(text: str) -> int:
     if text.isdigit():
         return int(text)
-    return int(datetime.fromisoformat(text).timestamp() * 1000)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise SystemExit(f"fx why: --at {text!r} is not a time: give ms since the epoch or "
+                         "ISO 8601 (2026-12-03T17:30:00+00:00)") from None
 
 
 def _why(args: argparse.Namespace) -> int:

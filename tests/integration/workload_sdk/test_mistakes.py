@@ -97,6 +97,8 @@ async def test_documented_mistakes_print_one_line(kafka_bootstrap: str, unique_w
         ):
             line = _mistake([*argv, *b], known, wid)
             assert line.startswith(f"fx {argv[0]}"), line
+        _mistake(["verify", "--workload", typo, *b], known, wid)
+        _mistake(["why", wid, "--at", "yesterday", *b], "--at 'yesterday' is not a time")
         # a typo never created the workload it named
         assert typo not in await list_workloads(kafka_bootstrap)
         _mistake(["why", "bad.id", "--output", "0", *b], "invalid workload id")
