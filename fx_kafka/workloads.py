@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Sequence
 from broker_schema import topics
 from fx_kafka.client import bootstrap_of
 
-__all__ = ["KNOWN_SHOWN", "Command", "UnknownWorkload", "check_workload", "list_workloads",
-           "needs_workload", "require_workload", "topic_names", "workload_ids",
+__all__ = ["KNOWN_SHOWN", "BrokerUnreachable", "Command", "UnknownWorkload", "check_workload",
+           "list_workloads", "needs_workload", "require_workload", "topic_names", "workload_ids",
            "workload_problem"]
 
 #: How many known workload ids a message lists before it says how many more there are.
@@ -31,7 +31,11 @@ KNOWN_SHOWN = 20
 
 class UnknownWorkload(LookupError):
     """The named workload is not on this broker (or not all of its topics are), or the broker
-    cannot be asked: the message is the one line to show."""
+    cannot be asked (:class:`BrokerUnreachable`): the message is the one line to show."""
+
+
+class BrokerUnreachable(UnknownWorkload):
+    """The broker did not answer the metadata request."""
 
 
 def workload_ids(names: Iterable[str]) -> list[str]:
@@ -78,7 +82,7 @@ def workload_problem(workload_id: str, names: Iterable[str],
 
 async def topic_names(bootstrap: str) -> set[str]:
     """Every topic name the broker lists to this client (a metadata request: nothing is
-    created). :class:`UnknownWorkload` when the broker cannot be reached."""
+    created). :class:`BrokerUnreachable` when the broker cannot be reached."""
     from aiokafka.errors import KafkaError
 
     from fx_kafka.client import make_consumer
@@ -95,7 +99,7 @@ async def topic_names(bootstrap: str) -> set[str]:
         detail = str(exc)
         if not detail.startswith(type(exc).__name__):
             detail = f"{type(exc).__name__}: {detail}"
-        raise UnknownWorkload(f"cannot list the workloads on {bootstrap}: {detail}") from None
+        raise BrokerUnreachable(f"cannot list the workloads on {bootstrap}: {detail}") from None
     finally:
         await consumer.stop()
         client_log.setLevel(level)
@@ -140,11 +144,14 @@ def check_workload(bootstrap: str, workload_id: str, *,
 
 def needs_workload(func: Command, *, exit_code: int, attr: str = "id",
                    bootstrap: Callable[[argparse.Namespace], str] | None = None,
-                   streams: Sequence[str] = topics.STREAMS) -> Command:
+                   streams: Sequence[str] = topics.STREAMS,
+                   waits_for_broker: bool = False) -> Command:
     """``func`` run only when the workload ``args.<attr>`` names is on the broker; otherwise
     ``<command>: <why>`` on stderr and ``exit_code``. ``bootstrap`` reads the broker address
     from the arguments (default: ``--bootstrap``, ``$FX_KAFKA_BOOTSTRAP``, the local one); when
-    it raises ``SystemExit`` (no broker named) ``func`` runs and says so itself."""
+    it raises ``SystemExit`` (no broker named) ``func`` runs and says so itself. A service that
+    waits for its broker (``waits_for_broker``: ``fx workload run``) runs when the broker does
+    not answer; a one-shot command says so and ends."""
 
     @functools.wraps(func)
     def checked(args: argparse.Namespace) -> int:
@@ -154,10 +161,12 @@ def needs_workload(func: Command, *, exit_code: int, attr: str = "id",
                 address = (bootstrap or (lambda a: bootstrap_of(a.bootstrap)))(args)
             except SystemExit:
                 return func(args)
-            problem = check_workload(address, str(workload_id), streams=streams)
-            if problem is not None:
-                print(f"{_command_name(args)}: {problem}", file=sys.stderr, flush=True)
-                return exit_code
+            try:
+                asyncio.run(require_workload(address, str(workload_id), streams))
+            except UnknownWorkload as exc:
+                if not (waits_for_broker and isinstance(exc, BrokerUnreachable)):
+                    print(f"{_command_name(args)}: {exc}", file=sys.stderr, flush=True)
+                    return exit_code
         return func(args)
 
     return checked

@@ -604,8 +604,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "certified on sys.keys instead of sys.facts (repeatable; default "
                      "$FX_FLEET_PUBLIC_KEY, else sys.facts)")
     bootstrap_arg(run)
-    run.set_defaults(func=needs_workload(_run, exit_code=EXIT_MISMATCH,
-                                        bootstrap=_bootstrap))
+    run.set_defaults(func=needs_workload(_run, exit_code=EXIT_MISMATCH, bootstrap=_bootstrap,
+                                         waits_for_broker=True))
 
     spec = sub.add_parser("spec", help="write a spec record for a workload")
     spec.add_argument("id")
