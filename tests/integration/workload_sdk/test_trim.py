@@ -8,6 +8,7 @@ TEST (real ``accepted``/``response`` records on the real broker, no model runs).
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from fx_kafka.client import create_topics
 from fx_kafka.errors import RetentionTooShortError
 from fx_kafka.workload import HORIZON_UNKNOWN, WORKLOAD_TOPIC_CONFIGS, ensure_workload_topics
 from workload_sdk import (
+    MODULE_PLACEHOLDER,
     EffectResult,
     HolderConfig,
     InputEvent,
@@ -192,6 +194,11 @@ async def test_trim_moves_each_start_where_the_rules_say_and_resume_and_replay_s
         assert gone.returncode == EXIT_GAP
         assert f"{topics.merge(wid)} offset 0 is trimmed" in gone.stderr
         assert "Traceback" not in gone.stderr
+        # the replay the gap names (the workload's code filled in, as it says) runs
+        (hint,) = re.findall(r"\((fx replay \S+ --to \d+ --module \S+),", gone.stderr)
+        named = _cli(*[MODULE if w == MODULE_PLACEHOLDER else w for w in hint.split()[1:]],
+                     "--bootstrap", kafka_bootstrap)
+        assert named.returncode == 0, (hint, named.stderr)
         old_out = _cli("why", wid, "--output", "0", "--bootstrap", kafka_bootstrap)
         assert old_out.returncode == EXIT_GAP
         assert f"{topics.out(wid)} offset 0 is trimmed" in old_out.stderr
