@@ -444,6 +444,11 @@ class SpecRecord(_Model):
     #: out of the canonical bytes when empty.
     signers: dict[NodeId, tuple[Annotated[str, Field(max_length=200)], ...]] = Field(
         default_factory=dict, exclude_if=lambda v: not v, max_length=256)
+    #: Model hashes written with ``--force`` although no node on ``sys.facts`` and no model
+    #: store named held them when the spec was written (``fx workload spec``, ``fx upgrade``):
+    #: the override, on the record. Left out of the canonical bytes when empty.
+    unchecked_models: tuple[Hash, ...] = Field(default=(), exclude_if=lambda v: not v,
+                                               max_length=64)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

@@ -273,8 +273,7 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         for wid, eval_id, name in await cluster.shadow_topics():
             for off, rec in (await cluster.system(name)).records:
                 if rec is not None and rec.kind == "shadow_report":
-                    reports.append({"workload_id": wid, "eval_id": eval_id, "offset": off,
-                                    "topic": name, "report": rec})
+                    reports.append(views.shadow_report(wid, eval_id, off, name, rec))
         return page(request, "executors.html", nodes=nodes, reports=reports,
                     alarms=await alarms())
 

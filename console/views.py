@@ -34,6 +34,7 @@ from broker_schema import (
     topics,
 )
 from broker_schema.binding import epoch_refused
+from workload_sdk import MODULE_PLACEHOLDER, show_command
 
 #: The workload streams in the order a timeline lists records appended in the same millisecond.
 STREAM_ORDER = topics.STREAMS
@@ -671,3 +672,12 @@ def origin_problem(method: str, host: str | None, origin: str | None,
     elif origin == "null":
         return "a request from an opaque origin may not change anything here"
     return None
+
+
+def shadow_report(workload_id: str, eval_id: str, offset: int, topic: str,
+                  report: Any) -> dict[str, Any]:
+    """One shadow report on the executors page, with the commands that show it again (the
+    recorded summary, and the full report recomputed with the workload's code)."""
+    return {"workload_id": workload_id, "eval_id": eval_id, "offset": offset, "topic": topic,
+            "report": report, "show": show_command(workload_id, eval_id),
+            "show_full": show_command(workload_id, eval_id, MODULE_PLACEHOLDER)}

@@ -181,8 +181,13 @@ def _verify_workload(args: argparse.Namespace) -> int:
 
     from executor.verify_workload import run
     from fx_kafka.client import bootstrap_of
+    from fx_kafka.workloads import check_workload
 
     bootstrap = bootstrap_of(args.bootstrap)
+    problem = check_workload(bootstrap, args.workload)
+    if problem is not None:  # at once, not after a read of a topic that is not there
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     store = _store_dir(args)
 
     def progress(msg: str) -> None:

@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from fx_kafka.cli_errors import run_command
 from fx_kafka.logs import quiet_client_logs
 
 #: Modules with a ``register(subparsers)`` function, in help order.
@@ -55,12 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the Kafka client's INFO lines are not for a user (fx -v shows them)
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
     quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
-    try:
-        code: int = args.func(args)
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run_command(args.func, args, verbose=args.verbose)
 
 
 if __name__ == "__main__":

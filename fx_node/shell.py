@@ -104,6 +104,8 @@ class NodeShell:
         self.leases: dict[str, AcceptedRecord] = {}
         #: how often the renewer looks: often enough for the shortest lease in sight
         self.renew_check_s = 0.2
+        #: how often the facts are built again to see whether they changed (_facts_ticker)
+        self.facts_check_s = 1.0
         self._runner: Runner | None = None
         self._consume_tasks: list[asyncio.Task[Any]] = []
         self._misc_tasks: list[asyncio.Task[Any]] = []
@@ -166,8 +168,7 @@ class NodeShell:
             consumer.subscribe(pattern=cfg.topic_pattern, listener=_Listener(self, kind, consumer))
             self.consumers[kind] = consumer
             self._consume_tasks.append(asyncio.create_task(self._consume(kind, consumer)))
-        if cfg.facts_interval_s > 0:
-            self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
+        self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
         self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:
             from fx_node.http import UvicornServer, create_app
@@ -417,9 +418,19 @@ class NodeShell:
                                     self.settings.node_id.encode())
 
     async def _facts_ticker(self) -> None:
+        """Facts on change: every ``facts_check_s`` the runner's facts are built again and
+        written when they changed (a model imported into the store with ``fx models import``
+        is on ``sys.facts`` within about a second, for holders and spec writers to see); and
+        every ``facts_interval_s`` (0: never) written anyway, so a live node stays live."""
+        interval = self.settings.facts_interval_s
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while True:
-            await asyncio.sleep(self.settings.facts_interval_s)
-            await self.publish_facts(force=True)
+            await asyncio.sleep(self.facts_check_s)
+            forced = interval > 0 and loop.time() >= due
+            if forced:
+                due = loop.time() + interval
+            await self.publish_facts(force=forced)
 
     # ------------------------------------------------------------------------------ HTTP view
     def is_live(self) -> bool:

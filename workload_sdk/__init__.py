@@ -38,6 +38,7 @@ from workload_sdk._api import (
     state_hash,
 )
 from workload_sdk._audit import AuditReport, InvariantResult, audit
+from workload_sdk._commands import MODULE_PLACEHOLDER, replay_command, show_command
 from workload_sdk._core import (
     Core,
     Decision,
@@ -83,6 +84,7 @@ from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why
 
 __all__ = [
+    "MODULE_PLACEHOLDER",
     "AuditReport",
     "Core",
     "Decision",
@@ -146,7 +148,9 @@ __all__ = [
     "rejoin_epoch",
     "remember",
     "replay",
+    "replay_command",
     "request",
+    "show_command",
     "state_bytes",
     "state_hash",
     "telemetry_of",

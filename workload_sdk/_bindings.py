@@ -1,7 +1,8 @@
-"""``fx upgrade`` and ``fx rollback``: binding changes at an input offset, as spec records.
+"""``fx upgrade`` and ``fx rollback``: binding changes at a step, as spec records.
 
 A change is a new spec on ``wl.<id>.spec``: the latest spec plus one binding switch
-(``SpecRecord.binding_switches``) at input offset N. The running lease holder adopts it from its
+(``SpecRecord.binding_switches``) at step N (a merge seq: the wire field ``at_input_offset``
+counts steps). The running lease holder adopts it from its
 next step (a claim of its epoch with ``from_seq``; :mod:`broker_schema.binding`), or a new holder
 claims with it; either way the switch binds steps N and later, and nothing before N is rebound:
 outputs already written stay as they are. The plans are pure (:func:`plan_upgrade`,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker_schema import (
     BindingSwitch,
@@ -27,6 +28,7 @@ from broker_schema import (
 )
 from fx_kafka.client import make_producer
 from fx_kafka.workload_log import read_topic
+from fx_kafka.workloads import needs_workload
 from workload_sdk._holder_start import NoSpec, latest_spec
 
 __all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
@@ -51,13 +53,13 @@ class Change:
 def _check_offset(spec: SpecRecord, at_offset: int, next_seq: int) -> None:
     if at_offset < next_seq:
         raise BindingChangeError(
-            f"input offset {at_offset} is already passed: the workload's next step is "
+            f"step {at_offset} is already passed: the workload's next step is "
             f"{next_seq} (a change takes effect at {next_seq} or later; outputs already "
             "written are never rebound)")
     last = max((s.at_input_offset for s in spec.binding_switches), default=-1)
     if at_offset <= last:
         raise BindingChangeError(
-            f"the spec already switches bindings at input offset {last}: a new switch must "
+            f"the spec already switches bindings at step {last}: a new switch must "
             f"come after it (at {last + 1} or later)")
 
 
@@ -70,7 +72,7 @@ def _with_switch(spec: SpecRecord, name: str, new_hash: str, at_offset: int) -> 
 
 def plan_upgrade(spec: SpecRecord, name: str, new_hash: str, at_offset: int,
                  next_seq: int) -> Change:
-    """Bind ``name`` to ``new_hash`` from input offset ``at_offset``. Pure."""
+    """Bind ``name`` to ``new_hash`` from step ``at_offset``. Pure."""
     _check_offset(spec, at_offset, next_seq)
     old = spec.models_at(at_offset).get(name)
     if old == new_hash:
@@ -82,7 +84,7 @@ def plan_upgrade(spec: SpecRecord, name: str, new_hash: str, at_offset: int,
 
 def plan_rollback(spec: SpecRecord, name: str, at_offset: int, next_seq: int,
                   to_hash: str | None = None) -> Change:
-    """Bind ``name`` back, from input offset ``at_offset``, to ``to_hash`` or, by default, to
+    """Bind ``name`` back, from step ``at_offset``, to ``to_hash`` or, by default, to
     the hash it had before the latest switch that changed it ("roll back forward": a new
     switch, nothing before it rewritten). Pure."""
     _check_offset(spec, at_offset, next_seq)
@@ -142,15 +144,23 @@ def _bootstrap(args: argparse.Namespace) -> str:
 
 
 def _run_change(args: argparse.Namespace, plan: object) -> int:
+    from workload_sdk._model_check import check_spec_models
+
     name = f"fx {args.command}"
     try:
         _, spec, next_seq = asyncio.run(current_state(_bootstrap(args), args.id))
         change = plan(spec, next_seq)  # type: ignore[operator]
+        unchecked = asyncio.run(check_spec_models(
+            _bootstrap(args), {"--model": {change.name: change.new_hash}}, force=args.force))
     except (BindingChangeError, ValueError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    if unchecked:  # the --force override, on the record
+        recorded = tuple(sorted({*change.spec.unchecked_models, *unchecked}))
+        change = replace(change, spec=change.spec.model_copy(
+            update={"unchecked_models": recorded}))
     offset = asyncio.run(write_change(_bootstrap(args), args.id, change))
-    print(f"{name}: {change.name} {change.old_hash} -> {change.new_hash} from input offset "
+    print(f"{name}: {change.name} {change.old_hash} -> {change.new_hash} from step "
           f"{change.at_offset}: spec written to {topics.spec(args.id)}@{offset} (the next step "
           f"was {next_seq}); the running holder adopts it from its next step, or says why not")
     return 0
@@ -173,22 +183,51 @@ def _rollback(args: argparse.Namespace) -> int:
                                                              nxt, args.to))
 
 
+class _OldAtOffset(argparse.Action):
+    """``--at-offset``, the old spelling of ``--at-step``: still accepted, with a warning."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print("warning: --at-offset is deprecated: it is a step number (the merge seq the "
+              "workload's next step will have, as fx replay --to and fx why show it), not an "
+              "input offset; say --at-step", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _at_step_arg(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--at-step", type=int, dest="at_offset", metavar="STEP",
+                       help="the first step (merge seq, as fx replay --to and fx why show it) "
+                       "the change binds; the workload's next step or later. Recorded as the "
+                       "switch's at_input_offset, which counts steps")
+    group.add_argument("--at-offset", type=int, dest="at_offset", metavar="STEP",
+                       action=_OldAtOffset, help="deprecated spelling of --at-step (it was "
+                       "always a step number, not an input offset)")
+
+
+def _force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="bind a hash no node on sys.facts holds; recorded on the spec as "
+                   "unchecked_models")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``fx upgrade`` and ``fx rollback``."""
-    up = subparsers.add_parser("upgrade", help="bind a model name to a new hash from an input "
-                               "offset on (a new spec; the running holder adopts it)")
+    up = subparsers.add_parser("upgrade", help="bind a model name to a new hash from a step "
+                               "on (a new spec; the running holder adopts it)")
     up.add_argument("id", help="workload id")
     up.add_argument("--model", required=True, metavar="NAME=HASH")
-    up.add_argument("--at-offset", type=int, required=True,
-                    help="the first input offset (step) the new binding applies to")
+    _at_step_arg(up)
+    _force_arg(up)
     up.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
-    up.set_defaults(func=_upgrade)
+    up.set_defaults(func=needs_workload(_upgrade, exit_code=2))
     rb = subparsers.add_parser("rollback", help="bind a model name back to its previous hash "
-                               "from a later input offset on (outputs already written stay)")
+                               "from a later step on (outputs already written stay)")
     rb.add_argument("id", help="workload id")
     rb.add_argument("--model", required=True, metavar="NAME")
-    rb.add_argument("--at-offset", type=int, required=True)
+    _at_step_arg(rb)
+    _force_arg(rb)
     rb.add_argument("--to", metavar="HASH", help="bind to this hash (default: the one before "
                     "the latest change of NAME)")
     rb.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
-    rb.set_defaults(func=_rollback)
+    rb.set_defaults(func=needs_workload(_rollback, exit_code=2))

@@ -26,6 +26,7 @@ from broker_schema.binding import claim_in_force
 from broker_schema.streams import OutRecord, SourceRecord
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
+from workload_sdk._commands import replay_command
 from workload_sdk._core import Applied, Core, Item
 
 __all__ = [
@@ -106,7 +107,8 @@ def _check_from_start(log: WorkloadLog,
     snaps = [(o, r) for o, r in items if isinstance(r, SnapshotRecord)]
     hint = (f"the earliest snapshot retained is seq {snaps[0][1].seq} at .merge@{snaps[0][0]}, "
             f"so replay reaches the state after step {snaps[0][1].seq - 1} and later "
-            f"(fx replay {log.workload_id} --to {max(snaps[0][1].seq - 1, 0)} or above)"
+            f"({replay_command(log.workload_id, max(snaps[0][1].seq - 1, 0))}, or --to any "
+            "step above)"
             if snaps else "no snapshot is retained")
     raise LogGap(view.topic, 0, "trimmed",
                  f"{what} needs .merge from offset 0 and the log starts at {view.start} "

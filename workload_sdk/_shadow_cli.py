@@ -5,6 +5,7 @@
     fx shadow ID --module M:C --model NAME=HASH [--from SEQ] [--to SEQ]   # over history
     fx shadow ID --module M:C --model NAME=HASH --live --window 10m      # over live traffic
     fx shadow show EVAL_ID --module M:C [--workload ID]                  # the report again
+    fx shadow show EVAL_ID [--workload ID]                               # the recorded summary
 
 Exit codes: 0 the evaluation ran (or was shown) and no decision differs; 1 it ran and decisions
 differ (or requests diverged); 2 it cannot run as asked (the message says why); 3 a record it
@@ -24,6 +25,8 @@ from typing import Any
 
 from fx_kafka.client import bootstrap_of
 from fx_kafka.workload_log import LogGap
+from fx_kafka.workloads import check_workload
+from workload_sdk._commands import MODULE_PLACEHOLDER, show_command
 from workload_sdk._loader import load_workload
 
 __all__ = ["parse_duration", "register"]
@@ -87,13 +90,21 @@ def _shadow(args: argparse.Namespace) -> int:
     if len(targets) != 1 and not is_show:
         print("fx shadow: give a workload id (or: fx shadow show EVAL_ID)", file=sys.stderr)
         return EXIT_USAGE
+    bootstrap = bootstrap_of(args.bootstrap)
+    named = targets[0] if not is_show else args.workload
+    if named is not None:
+        problem = check_workload(bootstrap, named)
+        if problem is not None:
+            print(f"fx shadow: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+    if is_show and not args.module:
+        return _show_recorded(bootstrap, targets[1], args.workload, as_json=args.json)
     if not args.module:
         print("fx shadow: --module MODULE:Class is required (the workload's code, to fold "
               "with)", file=sys.stderr)
         return EXIT_USAGE
     try:
         workload = load_workload(args.module)
-        bootstrap = bootstrap_of(args.bootstrap)
         if is_show:
             report, recorded, same = asyncio.run(show(bootstrap, workload, targets[1],
                                                       args.workload))
@@ -129,9 +140,37 @@ def _shadow(args: argparse.Namespace) -> int:
         print(f"fx shadow: stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
     _emit(args, report, {"eval_id": record.eval_id,
-                         "show_again": f"fx shadow show {record.eval_id} --module {args.module}"})
+                         "show_again": show_command(targets[0], record.eval_id, args.module)})
     differ = report["decisions_differ"] > 0 or report["requests_diverged_at"] is not None
     return EXIT_DIFFER if differ else 0
+
+
+def _show_recorded(bootstrap: str, eval_id: str, workload_id: str | None, *,
+                   as_json: bool) -> int:
+    """``fx shadow show EVAL_ID`` without ``--module``: the recorded summary, as written."""
+    from workload_sdk._shadow_io import ShadowError, find_workload
+    from workload_sdk._shadow_io import _read_eval as read_eval
+
+    try:
+        wid = workload_id or asyncio.run(find_workload(bootstrap, eval_id))
+        definition, recorded = asyncio.run(read_eval(bootstrap, wid, eval_id))
+    except (ShadowError, ValueError) as exc:
+        print(f"fx shadow show: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if definition is None or recorded is None:
+        print(f"fx shadow show: evaluation {eval_id} of {wid} has no "
+              f"{'definition' if definition is None else 'report'} yet", file=sys.stderr)
+        return EXIT_USAGE
+    summary = recorded.model_dump(mode="json", exclude={"kind", "v"})
+    if as_json:
+        print(json.dumps({"recorded": summary, "recomputed": False}, indent=2, sort_keys=True))
+    else:
+        for key, value in sorted(summary.items()):
+            print(f"{key}: {value}")
+    print(f"(the recorded summary; {show_command(wid, eval_id, MODULE_PLACEHOLDER)} recomputes the "
+          "full report from the records with the workload's code and checks its hash)",
+          file=sys.stderr)
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,7 +181,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="+", metavar="ID", help="workload id, or: show EVAL_ID")
     p.add_argument("--module", help="MODULE:Class: the workload's code (it must hash to the "
-                   "spec's module_hash)")
+                   "spec's module_hash); show without it prints the recorded summary")
     p.add_argument("--model", action="append", metavar="NAME=HASH",
                    help="rebind a model name for the evaluation (repeatable)")
     p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ",

@@ -25,6 +25,7 @@ from broker_schema import (
 )
 from broker_schema.key_history import TrustedKey, response_node, response_signer
 from fx_kafka.workload_log import LogGap, WorkloadLog
+from workload_sdk._commands import replay_command
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
@@ -232,7 +233,7 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
         if before else {"seq": 0, "note": "no snapshot before: replay starts from the initial "
                         "state"}
     )
-    tree["replay"] = (f"fx replay {log.workload_id} --to {earliest - 1}" if earliest > 0
+    tree["replay"] = (replay_command(log.workload_id, earliest - 1) if earliest > 0
                       else "the earliest step saw the initial state")
     return tree
 

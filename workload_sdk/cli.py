@@ -28,11 +28,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker_schema import InputRecord, SpecRecord, encode, topics
+from fx_kafka.cli_errors import run_command
 from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
 from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
+from fx_kafka.workloads import needs_workload
 from workload_sdk._api import WorkloadError, body_of, module_hash
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
@@ -205,8 +207,18 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep or not node:
             raise SystemExit(f"--signer takes NODE=PUBLIC_KEY, got {item!r}")
         signers[node] = (*signers.get(node, ()), key)
+    from workload_sdk._model_check import ModelCheckError, check_spec_models
+
+    try:
+        unchecked = asyncio.run(check_spec_models(
+            _bootstrap(args), {"--model": models, "--local-model": local}, force=args.force,
+            model_dir=args.model_dir or os.environ.get("FX_MODEL_DIR")))
+    except ModelCheckError as exc:
+        print(f"fx workload spec: {exc}", file=sys.stderr, flush=True)
+        return EXIT_WORKLOAD
     spec = SpecRecord(
         workload_id=args.id,
+        unchecked_models=tuple(unchecked),
         module_hash=module_hash(load_workload(args.module)),
         unsigned=args.unsigned or default_unsigned_policy(),
         signers=signers,
@@ -348,7 +360,11 @@ def _replay(args: argparse.Namespace) -> int:
 def _parse_time(text: str) -> int:
     if text.isdigit():
         return int(text)
-    return int(datetime.fromisoformat(text).timestamp() * 1000)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise SystemExit(f"fx why: --at {text!r} is not a time: give ms since the epoch or "
+                         "ISO 8601 (2026-12-03T17:30:00+00:00)") from None
 
 
 def _why(args: argparse.Namespace) -> int:
@@ -435,24 +451,16 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
     ``.merge`` grew during the read; returns the log and whether it was settled. What the
     referenced bodies replay needs name is read last (:func:`~workload_sdk._kafka_io.
     resolve_log`)."""
-    from fx_kafka.client import make_consumer
     from fx_kafka.workload_log import read_facts, read_topic
+    from fx_kafka.workloads import require_workload
     from workload_sdk._kafka_io import resolve_log
     from workload_sdk._refs_io import RefResolver
 
     def topic(stream: str) -> str:
         return topics.stream(workload_id, stream)
 
-    consumer = make_consumer(bootstrap)
-    await consumer.start()
-    try:
-        present = await consumer.topics()
-    finally:
-        await consumer.stop()
-    absent = [topic(s) for s in topics.STREAMS if topic(s) not in present]
-    if absent:  # reading one would wait out the client's request timeout
-        raise LookupError(f"no workload {workload_id!r} on this broker: no topic "
-                          f"{', '.join(absent)} (or this client may not describe it)")
+    # a topic that does not exist would be waited for (the client's request timeout)
+    await require_workload(bootstrap, workload_id)  # UnknownWorkload, a LookupError
     settled = False
     for _ in range(AUDIT_READS):
         log = WorkloadLog.empty(workload_id)
@@ -596,7 +604,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "certified on sys.keys instead of sys.facts (repeatable; default "
                      "$FX_FLEET_PUBLIC_KEY, else sys.facts)")
     bootstrap_arg(run)
-    run.set_defaults(func=_run)
+    run.set_defaults(func=needs_workload(_run, exit_code=EXIT_MISMATCH, bootstrap=_bootstrap,
+                                         waits_for_broker=True))
 
     spec = sub.add_parser("spec", help="write a spec record for a workload")
     spec.add_argument("id")
@@ -627,6 +636,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--audit-horizon-ms", type=int, metavar="MS",
                       help="keep .in/.out/.resp/.merge records at least this long; `fx trim` "
                       "deletes older ones (default: forever, nothing is trimmed)")
+    spec.add_argument("--force", action="store_true",
+                      help="write model hashes no node on sys.facts (and no --model-dir store) "
+                      "holds; they are recorded on the spec as unchecked_models")
+    spec.add_argument("--model-dir", metavar="DIR",
+                      help="a model store whose models count as known when the hashes are "
+                      "checked (default: $FX_MODEL_DIR; sys.facts is always read)")
     bootstrap_arg(spec)
     spec.set_defaults(func=_spec)
 
@@ -639,7 +654,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     inp.add_argument("--media-type")
     inp.add_argument("--source")
     bootstrap_arg(inp)
-    inp.set_defaults(func=_input)
+    inp.set_defaults(func=needs_workload(_input, exit_code=EXIT_MISMATCH,
+                                        bootstrap=_bootstrap))
 
     rp = subparsers.add_parser("replay", help="rebuild a workload's state from its log "
                                "(never calls an executor)")
@@ -660,7 +676,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "them (default: $FX_MODEL_DIR)")
     chunk_dir_arg(rp)
     bootstrap_arg(rp)
-    rp.set_defaults(func=_replay)
+    rp.set_defaults(func=needs_workload(_replay, exit_code=EXIT_MISMATCH,
+                                       bootstrap=_bootstrap))
 
     wy = subparsers.add_parser("why", help="walk from an output back to its inputs and model")
     wy.add_argument("id")
@@ -674,7 +691,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          "signatures against the node keys it certified on sys.keys, not "
                          "against sys.facts")
     bootstrap_arg(wy)
-    wy.set_defaults(func=_why)
+    wy.set_defaults(func=needs_workload(_why, exit_code=EXIT_MISMATCH, bootstrap=_bootstrap))
 
     tr = subparsers.add_parser("trim", help="delete a workload's records older than its "
                                "audit horizon (keeps what resume and replay need)")
@@ -683,7 +700,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "delete nothing")
     tr.add_argument("--json", action="store_true")
     bootstrap_arg(tr)
-    tr.set_defaults(func=_trim)
+    tr.set_defaults(func=needs_workload(_trim, exit_code=EXIT_MISMATCH, bootstrap=_bootstrap))
 
     au = subparsers.add_parser("audit", help="check every invariant of a workload's log "
                                "(answers, .out slots, epochs, signatures, merge order, replay)")
@@ -703,7 +720,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "default 0, one broker)")
     chunk_dir_arg(au)
     bootstrap_arg(au)
-    au.set_defaults(func=_audit)
+    au.set_defaults(func=needs_workload(_audit, exit_code=EXIT_AUDIT_USAGE,
+                                       bootstrap=_bootstrap))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -720,8 +738,4 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     quiet_client_logs()  # a broker outage: one line per kind per 10 s, not thousands
-    try:
-        code: int = args.func(args)
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run_command(args.func, args, verbose=args.verbose)

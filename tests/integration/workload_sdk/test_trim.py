@@ -8,6 +8,7 @@ TEST (real ``accepted``/``response`` records on the real broker, no model runs).
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from fx_kafka.client import create_topics
 from fx_kafka.errors import RetentionTooShortError
 from fx_kafka.workload import HORIZON_UNKNOWN, WORKLOAD_TOPIC_CONFIGS, ensure_workload_topics
 from workload_sdk import (
+    MODULE_PLACEHOLDER,
     EffectResult,
     HolderConfig,
     InputEvent,
@@ -192,6 +194,11 @@ async def test_trim_moves_each_start_where_the_rules_say_and_resume_and_replay_s
         assert gone.returncode == EXIT_GAP
         assert f"{topics.merge(wid)} offset 0 is trimmed" in gone.stderr
         assert "Traceback" not in gone.stderr
+        # the replay the gap names (the workload's code filled in, as it says) runs
+        (hint,) = re.findall(r"\((fx replay \S+ --to \d+ --module \S+),", gone.stderr)
+        named = _cli(*[MODULE if w == MODULE_PLACEHOLDER else w for w in hint.split()[1:]],
+                     "--bootstrap", kafka_bootstrap)
+        assert named.returncode == 0, (hint, named.stderr)
         old_out = _cli("why", wid, "--output", "0", "--bootstrap", kafka_bootstrap)
         assert old_out.returncode == EXIT_GAP
         assert f"{topics.out(wid)} offset 0 is trimmed" in old_out.stderr
@@ -272,13 +279,13 @@ async def test_a_topic_with_retention_shorter_than_the_horizon_is_refused(
 
     # fx workload spec with the default horizon (forever) is refused, and writes nothing
     spec = _cli("workload", "spec", wid, "--module", MODULE, "--kind", INFERENCE_KIND,
-                "--model", f"m={MODEL}", "--bootstrap", kafka_bootstrap)
+                "--model", f"m={MODEL}", "--force", "--bootstrap", kafka_bootstrap)
     assert spec.returncode == EXIT_MISMATCH
     assert f"{topics.resp(wid)}: retention.ms=60000" in spec.stderr
     assert "retention.ms=-1" in spec.stderr and "Traceback" not in spec.stderr
     # with a horizon the retention covers, it is written
     spec = _cli("workload", "spec", wid, "--module", MODULE, "--kind", INFERENCE_KIND,
-                "--model", f"m={MODEL}", "--audit-horizon-ms", "30000",
+                "--model", f"m={MODEL}", "--force", "--audit-horizon-ms", "30000",
                 "--bootstrap", kafka_bootstrap)
     assert spec.returncode == 0, spec.stderr
     log = await read_trim_log(kafka_bootstrap, wid)

@@ -1,5 +1,5 @@
 """Bindings that move, on a real broker with holders as processes (the executor played by the
-test, as in ``test_holder.py``): ``fx upgrade --at-offset N`` is adopted by the running holder
+test, as in ``test_holder.py``): ``fx upgrade --at-step N`` is adopted by the running holder
 without a restart and holds across a fail-over in the middle; an offset already passed is
 refused; ``fx rollback`` binds the old model again from a later offset and rewrites nothing; the
 executor's rule (one rule, :mod:`broker_schema.binding`) agrees with every request the holder
@@ -66,11 +66,12 @@ async def test_upgrade_at_an_offset_holds_across_a_failover_and_rolls_back_forwa
         log = await h.read_log()
         # steps so far: 2 inputs, 2 answers, 2 gate timeouts (or fewer): the next step is known
         passed = _fx(kafka_bootstrap, "upgrade", wid, "--model", f"filetype={NEW}",
-                     "--at-offset", "0")
+                     "--at-step", "0")
         assert passed.returncode == 2 and "already passed" in passed.stderr, passed.stderr
         at = 12  # a few steps ahead
+        # NEW is held by no node (the test answers itself): --force, recorded on the spec
         up = _fx(kafka_bootstrap, "upgrade", wid, "--model", f"filetype={NEW}",
-                 "--at-offset", str(at))
+                 "--at-step", str(at), "--force")
         assert up.returncode == 0, up.stderr
         await feed(files[2:4], 4)
         # the holder dies in the middle: the stand-by claims with the latest spec
@@ -83,8 +84,8 @@ async def test_upgrade_at_an_offset_holds_across_a_failover_and_rolls_back_forwa
                          timeout=60, what="the stand-by's claim")
         await feed(files[4:8], 8)
         back_at = 24
-        rb = _fx(kafka_bootstrap, "rollback", wid, "--model", "filetype", "--at-offset",
-                 str(back_at))
+        rb = _fx(kafka_bootstrap, "rollback", wid, "--model", "filetype", "--at-step",
+                 str(back_at), "--force")
         assert rb.returncode == 0, rb.stderr
         await feed(files[8:], 12)
         log = await h.read_log()

@@ -47,10 +47,12 @@ def test_executors_page_with_a_shadow_report_and_an_alarm(log: WorkloadLog) -> N
         answered=4, steps=10, decisions=5, decisions_differ=2, first_differing_seq=3,
         ends={"in": 5}, report_hash=sha256_hex(b"r"), written_ms=1)
     html = render("executors.html", nodes=views.node_facts(log.facts, 2_000_000),
-                  reports=[{"workload_id": log.workload_id, "eval_id": "e1", "offset": 1,
-                            "topic": "wl.x.shadow.e1.eval", "report": report}],
+                  reports=[views.shadow_report(log.workload_id, "e1", 1, "wl.x.shadow.e1.eval",
+                                               report)],
                   alarms=[(0, _alarm(log))])
-    assert "2 differ" in html and "first at step 3" in html and "fx shadow show" in html
+    assert "2 differ" in html and "first at step 3" in html
+    # the command that runs (tests/integration/workload_sdk/test_mistakes.py runs it)
+    assert f"fx shadow show e1 --workload {log.workload_id}</code>" in html
     assert 'class="alarm"' in html and "lease lapsed &lt;b&gt;" in html  # escaped
     assert log.facts[0].node_id in html
 
