@@ -164,6 +164,15 @@ def _check_base64(text: str) -> None:
     _BASE64_CHECKED[id(text)] = text
 
 
+def inline_size(encoding: Literal["json", "utf8", "base64"], data: Any) -> int:
+    """How many bytes an inline body of ``encoding`` and ``data`` counts against
+    ``INLINE_MAX_BYTES``: the canonical JSON bytes of ``data`` (base64 needs no escaping: its
+    canonical bytes are the text in quotes)."""
+    if encoding == "base64":
+        return len(str(data)) + 2
+    return len(json_string(data)) if isinstance(data, str) else len(canonical_json(data))
+
+
 class InlineBody(_Model):
     """A body carried in the record, up to ``INLINE_MAX_BYTES``.
 
@@ -185,10 +194,7 @@ class InlineBody(_Model):
                 _check_base64(str(self.data))
             except (binascii.Error, ValueError) as exc:
                 raise ValueError(f"base64 body data is not valid base64: {exc}") from exc
-        # base64 needs no escaping: its canonical bytes are the text in quotes
-        size = (len(str(self.data)) + 2 if self.encoding == "base64"
-                else len(json_string(self.data)) if isinstance(self.data, str)
-                else len(canonical_json(self.data)))
+        size = inline_size(self.encoding, self.data)
         if size > INLINE_MAX_BYTES:
             raise ValueError(f"inline body is {size} bytes, limit is {INLINE_MAX_BYTES}")
         return self

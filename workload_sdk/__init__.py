@@ -4,6 +4,9 @@ A workload is a fold ``step(state, event) -> (state, outputs)`` (see :class:`Wor
 effects (model inference, actuation) are requests on ``wl.<id>.out``; their answers come back
 through the recorded merge order on ``wl.<id>.merge``, so replay reads them and never calls a model.
 
+Inputs of any size: :class:`InputWriter` (and ``fx workload input``) stores an input over the
+inline limit as a chunk of the workload and writes its reference.
+
 This package never imports ``executor``: the two meet only on the log.
 """
 
@@ -60,6 +63,7 @@ from workload_sdk._holder import (
     rejoin_epoch,
     transactional_id_for,
 )
+from workload_sdk._input_writer import InputTooLarge, InputWriter, WrittenInput, write_input
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._loader import load_workload
 from workload_sdk._local import (
@@ -97,6 +101,8 @@ __all__ = [
     "HolderConfig",
     "HolderElection",
     "InputEvent",
+    "InputTooLarge",
+    "InputWriter",
     "InvariantResult",
     "Item",
     "LeaseHolder",
@@ -119,6 +125,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "WorkloadLog",
+    "WrittenInput",
     "actuate",
     "audit",
     "await_read_back",
@@ -157,4 +164,5 @@ __all__ = [
     "transactional_id_for",
     "trim_workload",
     "why",
+    "write_input",
 ]

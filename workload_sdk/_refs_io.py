@@ -45,7 +45,8 @@ from broker_schema.chunks import ChunkProblem, check_chunk, fs_relpath
 from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
 from fx_kafka.chunk_files import write_chunk_file
 
-__all__ = ["FsChunks", "KafkaChunks", "RefProblem", "RefResolver", "Resolution"]
+__all__ = ["ChunkStore", "FsChunks", "KafkaChunks", "RefProblem", "RefResolver", "Resolution",
+           "chunk_store", "store_where"]
 
 #: Where a resolved body sits: ``(stream, offset)`` of the record that holds the reference
 #: (``in``, ``resp``, or ``merge`` for a snapshot's state).
@@ -187,6 +188,24 @@ class KafkaChunks:
             await producer.stop()
 
 
+ChunkStore = FsChunks | KafkaChunks
+
+
+def chunk_store(bootstrap: str, chunk_dir: str | Path | None = None) -> ChunkStore:
+    """The chunk store a workload's tools read and write: the filesystem store ``chunk_dir``
+    when given (shared with the executors), else the default, ``sys.chunks`` on ``bootstrap``.
+    The one place the default is decided: the holder, replay, audit and
+    :class:`~workload_sdk.InputWriter` all take their store from here."""
+    return FsChunks(chunk_dir) if chunk_dir is not None else KafkaChunks(bootstrap)
+
+
+def store_where(store: ChunkStore) -> str:
+    """Where ``store`` keeps chunks, for messages."""
+    if isinstance(store, FsChunks):
+        return f"the chunk directory {store.root}"
+    return topics.CHUNKS
+
+
 class RefResolver:
     """Reads what references name: chunks from one store (``chunk_dir``: a filesystem store;
     default ``sys.chunks`` on ``bootstrap``), stream records from ``bootstrap``. Clients start
@@ -194,16 +213,13 @@ class RefResolver:
 
     def __init__(self, bootstrap: str, *, chunk_dir: str | Path | None = None) -> None:
         self.bootstrap = bootstrap
-        self.chunks: FsChunks | KafkaChunks = (FsChunks(chunk_dir) if chunk_dir is not None
-                                               else KafkaChunks(bootstrap))
+        self.chunks: ChunkStore = chunk_store(bootstrap, chunk_dir)
         self._streams: Any = None
 
     @property
     def where(self) -> str:
         """Where chunks are looked for, for messages."""
-        if isinstance(self.chunks, FsChunks):
-            return f"the chunk directory {self.chunks.root}"
-        return topics.CHUNKS
+        return store_where(self.chunks)
 
     async def close(self) -> None:
         """Stop every client started."""

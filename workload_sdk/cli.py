@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker_schema import InputRecord, SpecRecord, encode, topics
+from broker_schema import SpecRecord, encode, topics
 from fx_kafka.cli_errors import run_command
 from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
@@ -35,7 +35,7 @@ from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from fx_kafka.workloads import needs_workload
-from workload_sdk._api import WorkloadError, body_of, module_hash
+from workload_sdk._api import WorkloadError, module_hash
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
@@ -243,22 +243,56 @@ def _spec(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ChunkNotStored(Exception):
+    """The chunk store refused the write (a directory that cannot be written, a principal
+    without WRITE on ``sys.chunks``)."""
+
+
+#: What ``fx workload input --inline`` says to do about an input over the inline limit.
+CLI_REMEDY = "drop --inline to store it as a chunk of the workload and write its reference"
+
+
 def _input(args: argparse.Namespace) -> int:
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from workload_sdk._input_writer import InputTooLarge, InputWriter
+
+    value: Any
     if args.json is not None:
-        body = body_of(json.loads(args.json))
+        try:
+            value = json.loads(args.json)
+        except ValueError as exc:
+            print(f"fx workload input: --json is not JSON: {exc}", file=sys.stderr, flush=True)
+            return EXIT_WORKLOAD
     elif args.text is not None:
-        body = body_of(args.text)
+        value = args.text
     else:
         with open(args.file, "rb") as fh:
-            body = body_of(fh.read(), media_type=args.media_type)
-    record = InputRecord(workload_id=args.id, body=body, source=args.source)
+            value = fh.read()
+    bootstrap = _bootstrap(args)
+
+    async def main() -> Any:
+        async with InputWriter(bootstrap, args.id, chunk_dir=args.chunk_dir,
+                               chunk=not args.inline, remedy=CLI_REMEDY) as writer:
+            try:
+                return await writer.write(value, media_type=args.media_type, source=args.source)
+            except (TopicAuthorizationFailedError, OSError) as exc:
+                raise _ChunkNotStored(f"cannot store the chunk in {writer.where}: {exc}"
+                                      ) from None
+
     try:
-        offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.inputs(args.id),
-                                      encode(record)))
-    except TopicConfigError as exc:
-        print(f"input not written: {exc}", file=sys.stderr, flush=True)
+        written = asyncio.run(main())
+    except InputTooLarge as exc:
+        print(f"fx workload input: {exc}", file=sys.stderr, flush=True)
+        return EXIT_WORKLOAD
+    except _ChunkNotStored as exc:
+        print(f"fx workload input: input not written: {exc}", file=sys.stderr, flush=True)
         return EXIT_MISMATCH
-    print(f"input written to {topics.inputs(args.id)}@{offset}")
+    print(f"input written to {written.topic}@{written.offset}")
+    if written.chunked:
+        ref = written.body
+        print(f"  as a chunk reference: {ref.hash} ({ref.size} B) stored in "
+              f"{written.chunk_store}")
     return 0
 
 
@@ -645,14 +679,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bootstrap_arg(spec)
     spec.set_defaults(func=_spec)
 
-    inp = sub.add_parser("input", help="append an input record to wl.<id>.in")
+    inp = sub.add_parser("input", help="append an input record to wl.<id>.in (over the inline "
+                         "limit: stored as a chunk, the record carries its reference)")
     inp.add_argument("id")
     group = inp.add_mutually_exclusive_group(required=True)
     group.add_argument("--json", help="a JSON value")
     group.add_argument("--text", help="UTF-8 text")
     group.add_argument("--file", help="a file's bytes")
-    inp.add_argument("--media-type")
-    inp.add_argument("--source")
+    inp.add_argument("--media-type", help="recorded on the body (or the chunk reference)")
+    inp.add_argument("--source", help="who or what the input comes from (recorded)")
+    inp.add_argument("--inline", action="store_true",
+                     help="refuse an input over the 64 KiB inline limit instead of storing it as "
+                     "a chunk (by default such an input is stored as a chunk of the workload "
+                     "and the input record carries its reference)")
+    chunk_dir_arg(inp)
     bootstrap_arg(inp)
     inp.set_defaults(func=needs_workload(_input, exit_code=EXIT_MISMATCH,
                                         bootstrap=_bootstrap))
