@@ -159,7 +159,8 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
         ends = {s: (cached.log[s].start, cached.log[s].end) for s in views.STREAM_ORDER}
         return page(request, "timeline.html", wid=cached.log.workload_id, page=pg, flt=flt,
                     kinds=views.KINDS, outcomes=views.OUTCOMES, streams=views.STREAM_ORDER,
-                    base=base, ends=ends, strip=views.offset_strip(cached.rows, ends))
+                    base=base, ends=ends, strip=views.offset_strip(cached.rows, ends),
+                    log_cmd=views.log_query(cached.log.workload_id, flt))
 
     @app.get("/w/{wid}/r/{stream}/{offset}", response_class=HTMLResponse)
     async def record(request: Request, wid: str, stream: str, offset: str) -> HTMLResponse:

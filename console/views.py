@@ -6,44 +6,31 @@ data a template renders; the routes (:mod:`console.app`) only read and pass it o
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 from broker_schema import (
-    AcceptedRecord,
     AlarmAckRecord,
     AlarmRecord,
-    ClaimRecord,
-    DecodeError,
-    EffectRequest,
     FactsRecord,
     InlineBody,
-    InputRecord,
-    MergeEntry,
-    Outcome,
-    OutputRecord,
     ResponseRecord,
-    SnapshotRecord,
-    SpecRecord,
-    TickRecord,
-    decode,
-    streams,
     topics,
 )
 from broker_schema.binding import epoch_refused
-from workload_sdk import MODULE_PLACEHOLDER, show_command
+from workload_sdk import MODULE_PLACEHOLDER, log_command, show_command
 
-#: The workload streams in the order a timeline lists records appended in the same millisecond.
-STREAM_ORDER = topics.STREAMS
-#: Record kinds a timeline can filter on (``undecodable``: bytes that are not a record).
-KINDS = (*(kind for s in topics.STREAMS
-           for kind in streams.stream_kinds(streams.STREAM_RECORDS[s])), "undecodable")
-#: Outcomes a timeline can filter on: a response's outcome, ``accepted``, and a merge entry's
-#: ``delivered`` or ``passed_over``.
-OUTCOMES = (*get_args(Outcome), "accepted", "delivered", "passed_over", "undecodable")
+# the timeline's rows are ``fx log``'s (one home): the console's filters are fx log queries;
+# re-exported here for the routes and the console's store
+from workload_sdk.log_rows import KINDS as KINDS
+from workload_sdk.log_rows import OUTCOMES as OUTCOMES
+from workload_sdk.log_rows import STREAM_ORDER as STREAM_ORDER
+from workload_sdk.log_rows import Row as Row
+from workload_sdk.log_rows import row_of as row_of
+from workload_sdk.log_rows import short
+
 #: Rows per timeline page.
 PAGE_SIZE = 100
 #: The largest page a URL may ask for.
@@ -84,109 +71,6 @@ def parse_stream(text: str) -> str:
     return text
 
 
-def short(value: Any, limit: int = 80) -> str:
-    """``value`` as compact JSON, cut at ``limit`` characters."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True,
-                                                           separators=(",", ":"))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _body_text(body: Any) -> str:
-    if isinstance(body, InlineBody):
-        if body.encoding == "base64":
-            return f"{len(body.raw())} bytes (base64)"
-        return short(body.data)
-    return f"{getattr(body, 'type', '?')} ref"
-
-
-# ------------------------------------------------------------------------------ timeline rows
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One record of a workload as the timeline lists it."""
-
-    stream: str
-    offset: int
-    time_ms: int
-    kind: str
-    #: a response's outcome, ``accepted``, ``delivered``/``passed_over`` for a merge entry, or ""
-    outcome: str = ""
-    effect_id: str | None = None
-    effect_kind: str | None = None
-    #: the step it belongs to (a request's or output's input offset, a merge entry's seq)
-    seq: int | None = None
-    epoch: int | None = None
-    #: who wrote it or whom it names: holder, executor node, input source
-    who: str | None = None
-    summary: str = ""
-
-    @property
-    def order(self) -> tuple[int, int, int]:
-        """Where the row sits on the timeline: broker append time, then stream, then offset."""
-        return (self.time_ms, STREAM_ORDER.index(self.stream), self.offset)
-
-
-def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
-    """The timeline row of the record ``value`` at ``offset`` on ``stream``."""
-    base = {"stream": stream, "offset": offset, "time_ms": time_ms}
-    try:
-        rec = decode(value)
-    except DecodeError as exc:
-        return Row(**base, kind="undecodable", outcome="undecodable",  # type: ignore[arg-type]
-                   summary=short(str(exc), 120))
-    allowed = streams.STREAM_KINDS.get(stream)
-    if allowed is not None and rec.kind not in allowed:
-        # every reader reads only its own stream's kinds: a claim on .in names no holder
-        return Row(**base, kind=rec.kind, outcome="wrong_stream",  # type: ignore[arg-type]
-                   summary=f"a {rec.kind} record does not belong on .{stream} (it holds "
-                   f"{', '.join(sorted(allowed))}): ignored by every reader")
-    if isinstance(rec, InputRecord):
-        return Row(**base, kind="input", who=rec.source,  # type: ignore[arg-type]
-                   summary=_body_text(rec.body))
-    if isinstance(rec, SpecRecord):
-        return Row(**base, kind="spec",  # type: ignore[arg-type]
-                   summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}")
-    if isinstance(rec, ClaimRecord):
-        adopted = "" if rec.from_seq is None else f", adopted from step {rec.from_seq}"
-        return Row(**base, kind="claim", epoch=rec.epoch,  # type: ignore[arg-type]
-                   who=rec.holder_id, summary=f"epoch {rec.epoch} by {rec.holder_id}, spec "
-                   f"@{rec.spec_offset}{adopted}")
-    if isinstance(rec, EffectRequest):
-        return Row(**base, kind="request", effect_id=rec.effect_id,  # type: ignore[arg-type]
-                   effect_kind=rec.effect_kind, seq=rec.header.input_offset,
-                   epoch=rec.header.epoch,
-                   summary=f"{rec.effect_kind} params {short(dict(rec.params), 60)}")
-    if isinstance(rec, OutputRecord):
-        return Row(**base, kind="output", effect_id=rec.header.effect_id,  # type: ignore[arg-type]
-                   seq=rec.header.input_offset, epoch=rec.header.epoch,
-                   summary=_body_text(rec.body))
-    if isinstance(rec, AcceptedRecord):
-        return Row(**base, kind="accepted", outcome="accepted",  # type: ignore[arg-type]
-                   effect_id=rec.effect_id, epoch=rec.header.epoch, who=rec.node_id,
-                   summary=f"by {rec.node_id}, lease {rec.lease_ms} ms, request "
-                   f"@{rec.request_offset}")
-    if isinstance(rec, ResponseRecord):
-        what = (short(rec.error.model_dump(mode="json"), 60) if rec.error is not None
-                else _body_text(rec.output) if rec.output is not None else "")
-        return Row(**base, kind="response", outcome=rec.outcome,  # type: ignore[arg-type]
-                   effect_id=rec.effect_id, epoch=rec.header.epoch, who=rec.written_by,
-                   summary=f"{rec.outcome} by {rec.written_by} {what}".strip())
-    if isinstance(rec, TickRecord):
-        return Row(**base, kind="tick", epoch=rec.epoch,  # type: ignore[arg-type]
-                   who=rec.holder_id, summary=f"clock tick by {rec.holder_id}")
-    if isinstance(rec, MergeEntry):
-        passed = rec.action == "pass_over"
-        return Row(**base, kind="merge",  # type: ignore[arg-type]
-                   outcome="passed_over" if passed else "delivered",
-                   effect_id=rec.effect_id, seq=rec.seq, epoch=rec.epoch,
-                   summary=(f"seq {rec.seq}: {rec.source}@{rec.source_offset}"
-                            + (f" passed over ({rec.reason})" if passed else " delivered")))
-    if isinstance(rec, SnapshotRecord):
-        return Row(**base, kind="snapshot", seq=rec.seq, epoch=rec.epoch,  # type: ignore[arg-type]
-                   summary=f"state before seq {rec.seq}: {rec.state_hash[:19]}…")
-    return Row(**base, kind=rec.kind, summary="a record that does not belong on "  # type: ignore[arg-type]
-               f"{stream}")
-
-
 @dataclass(frozen=True)
 class Filter:
     """What a timeline shows: record kinds, outcomes, one stream, an offset range (inclusive)."""
@@ -220,6 +104,13 @@ def parse_filter(kinds: Sequence[str], outcomes: Sequence[str], stream: str | No
         raise BadInput(f"the offset range is empty: from {low} > to {high}")
     return Filter(frozenset(kinds), frozenset(outcomes),
                   parse_stream(stream) if stream else None, low, high)
+
+
+def log_query(workload_id: str, flt: Filter) -> str:
+    """The ``fx log`` command that lists the rows ``flt`` shows (the same rows, the same
+    filters: ``fx log`` lists :func:`row_of`'s rows too), for the timeline to show."""
+    return log_command(workload_id, streams=() if flt.stream is None else (flt.stream,),
+                       kinds=flt.kinds, outcomes=flt.outcomes, lo=flt.lo, hi=flt.hi)
 
 
 @dataclass

@@ -41,7 +41,13 @@ from workload_sdk._api import (
     state_hash,
 )
 from workload_sdk._audit import AuditReport, InvariantResult, audit
-from workload_sdk._commands import MODULE_PLACEHOLDER, replay_command, show_command
+from workload_sdk._commands import (
+    MODULE_PLACEHOLDER,
+    log_command,
+    replay_command,
+    show_command,
+    why_command,
+)
 from workload_sdk._core import (
     Core,
     Decision,
@@ -143,6 +149,7 @@ __all__ = [
     "local_generate",
     "local_logits",
     "local_tokenize",
+    "log_command",
     "module_hash",
     "out_slots",
     "plan_trim",
@@ -164,5 +171,6 @@ __all__ = [
     "transactional_id_for",
     "trim_workload",
     "why",
+    "why_command",
     "write_input",
 ]

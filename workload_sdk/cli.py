@@ -566,12 +566,14 @@ def _audit(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``fx workload``, ``fx replay``, ``fx why``, ``fx trim``, ``fx audit``,
-    ``fx upgrade``, ``fx rollback`` and ``fx shadow``."""
+    ``fx upgrade``, ``fx rollback``, ``fx shadow`` and ``fx log``."""
     from workload_sdk._bindings import register as register_bindings
+    from workload_sdk._log_cli import register as register_log
     from workload_sdk._shadow_cli import register as register_shadow
 
     register_bindings(subparsers)
     register_shadow(subparsers)
+    register_log(subparsers)
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 

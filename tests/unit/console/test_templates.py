@@ -67,8 +67,12 @@ def test_workloads_timeline_record_and_effect_pages(log: WorkloadLog) -> None:
     html = render("timeline.html", wid=log.workload_id, page=views.page_of(rows, flt),
                   flt=flt, kinds=views.KINDS, outcomes=views.OUTCOMES,
                   streams=views.STREAM_ORDER, base=[("outcome", "timeout")], ends=ends,
-                  strip=views.offset_strip(rows, ends))
+                  strip=views.offset_strip(rows, ends),
+                  log_cmd=views.log_query(log.workload_id, flt))
     assert 'class="row k-response o-timeout' in html and 'id="strip"' in html
+    # the same query as a command (tests/unit/workload_sdk/test_log_query.py: the same rows)
+    assert (f'<code id="log-command">fx log {log.workload_id} --outcome timeout</code>'
+            in html)
     effect = next(r.effect_id for r in rows if r.kind == "request")
     html = render("effect.html", wid=log.workload_id, effect_id=effect,
                   rows=views.effect_rows(rows, effect))
