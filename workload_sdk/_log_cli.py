@@ -21,13 +21,14 @@ from collections.abc import Iterable
 
 from aiokafka import TopicPartition
 
-from broker_schema import topics
+from broker_schema import SpecRecord, topics
 from fx_kafka.client import make_consumer
-from fx_kafka.workload_log import LogRecord, WorkloadLog, read_topic
+from fx_kafka.workload_log import LogGap, LogRecord, WorkloadLog, read_topic
 from fx_kafka.workloads import needs_workload
 from workload_sdk._log_query import (
     LogQuery,
     QueryError,
+    bound_models,
     log_records,
     parse_query,
     record_fields,
@@ -35,6 +36,7 @@ from workload_sdk._log_query import (
     row_json,
     rows_of,
     table_header,
+    with_model_names,
 )
 from workload_sdk.log_rows import KINDS, OUTCOMES, STREAM_ORDER, LogIndex
 
@@ -148,6 +150,9 @@ def _log(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log = await _read(bootstrap, args.id)
+        specs = [r for r in (rec.decode(log["spec"].topic) for rec in log["spec"]
+                             if _decodes(rec)) if isinstance(r, SpecRecord)]
+        printer.query = with_model_names(query, bound_models(specs))
         index = LogIndex()
         lines = printer.keep(log_records(log), index)
         printer.emit(lines if args.last is None else lines[-args.last:])
@@ -155,7 +160,19 @@ def _log(args: argparse.Namespace) -> int:
             await _follow(bootstrap, log, printer, index, stop)
         return 0
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except QueryError as exc:
+        print(f"fx log: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+
+
+def _decodes(rec: LogRecord) -> bool:
+    try:
+        rec.decode()
+    except LogGap:
+        return False
+    return True
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -171,8 +188,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="keep rows whose column (kind, outcome, seq, epoch, who, why...) or "
                     "record field (a dotted path: params.set_point, header.epoch, source, "
                     "reason) equals VALUE (read as JSON, else as text; repeatable)")
-    lg.add_argument("--stream", action="append", choices=STREAM_ORDER,
-                    help="only this stream (repeatable)")
+    lg.add_argument("--stream", action="append", metavar="STREAM",
+                    help=f"only this stream (repeatable): {', '.join(STREAM_ORDER)}")
     lg.add_argument("--kind", action="append", metavar="KIND",
                     help=f"only this record kind (repeatable): {', '.join(KINDS)}")
     lg.add_argument("--decisions", action="store_true",
@@ -181,8 +198,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lg.add_argument("--outcome", action="append", metavar="OUTCOME",
                     help=f"only this outcome (repeatable): {', '.join(OUTCOMES)}")
     lg.add_argument("--model", action="append", metavar="MODEL",
-                    help="only effects of this model, as the request named it (a bound name "
-                    "or a hash) or as the response answered (the full hash) (repeatable)")
+                    help="only effects of this model: a sha256: hash (as the request named it "
+                    "or the response answered), or a name the workload's specs bind (every "
+                    "hash bound to it) (repeatable)")
     lg.add_argument("--effect", action="append", metavar="EFFECT_ID",
                     help="only the records of this effect (repeatable)")
     lg.add_argument("--from", dest="lo", type=int, metavar="OFFSET",

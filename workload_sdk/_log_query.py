@@ -2,10 +2,11 @@
 
 A :class:`LogQuery` (from the command line: :func:`parse_query`) keeps a row when it passes every
 filter that is set: streams, record kinds, outcomes (the console's: a response's outcome,
-``accepted``, a merge entry's ``delivered``/``passed_over``), models (as the request asked, a
-bound name or a hash, or as the response answered), effect ids, an offset range, and
-``FIELD=VALUE`` tests on the row's columns or the record's own JSON (dotted paths:
-``params.set_point=0``, ``header.epoch=2``, ``reason=deadline``). Rows come from
+``accepted``, a merge entry's ``delivered``/``passed_over``), models (a hash, as the request
+asked or the response answered; or a name a spec binds: every hash bound to it,
+:func:`with_model_names`), effect ids, an offset range, and ``FIELD=VALUE`` tests on the row's
+columns or the record's own JSON (dotted paths: ``params.set_point=0``, ``header.epoch=2``,
+``reason=deadline``). Rows come from
 :mod:`workload_sdk.log_rows` (joined by :class:`~workload_sdk.log_rows.LogIndex`, so each carries
 the ``.out`` offset ``fx why`` takes). The reading (and ``--follow``) is the shell's:
 :mod:`workload_sdk._log_cli`.
@@ -15,17 +16,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
-from broker_schema import topics
+from broker_schema import SpecRecord, topics
 from fx_kafka.workload_log import LogRecord, WorkloadLog
 from workload_sdk._commands import why_command
 from workload_sdk.log_rows import KINDS, OUTCOMES, STREAM_ORDER, LogIndex, Row, row_of
 
-__all__ = ["DECISION_KINDS", "LogQuery", "QueryError", "parse_query", "record_fields",
-           "render_row", "row_json", "rows_of", "table_header"]
+__all__ = ["DECISION_KINDS", "LogQuery", "QueryError", "bound_models", "parse_query",
+           "record_fields", "render_row", "row_json", "rows_of", "table_header",
+           "with_model_names"]
 
 #: What ``--decisions`` keeps: what the holder decided (requests and outputs on ``.out``, the
 #: merge order's deliveries and pass-overs).
@@ -111,6 +113,35 @@ def parse_query(*, streams: Iterable[str] = (), kinds: Iterable[str] = (),
                     outcomes=_choices("outcome", outcomes, OUTCOMES),
                     models=frozenset(models), effects=frozenset(effects),
                     fields=tuple(tests), lo=lo, hi=hi)
+
+
+def bound_models(specs: Iterable[SpecRecord]) -> dict[str, frozenset[str]]:
+    """Each model name the workload's ``specs`` bind (in ``models`` or a binding switch) and
+    every hash they ever bound it to."""
+    names: dict[str, set[str]] = {}
+    for spec in specs:
+        for models in (spec.models, *(s.models for s in spec.binding_switches)):
+            for name, model_hash in models.items():
+                names.setdefault(name, set()).add(model_hash)
+    return {name: frozenset(hashes) for name, hashes in names.items()}
+
+
+def with_model_names(query: LogQuery, bindings: Mapping[str, frozenset[str]]) -> LogQuery:
+    """``query`` with each model given by a bound name (not ``sha256:...``) widened to the
+    hashes the specs bound it to (:func:`bound_models`): requests name the hash, not the name.
+    :class:`QueryError` for a name no spec binds."""
+    names = sorted(m for m in query.models if not m.startswith("sha256:"))
+    if not names:
+        return query
+    unknown = [n for n in names if n not in bindings]
+    if unknown:
+        known = ", ".join(sorted(bindings)) or "none"
+        raise QueryError(f"--model {unknown[0]!r}: no spec of the workload binds a model of "
+                         f"that name (bound: {known}); or give a sha256: hash")
+    widened = set(query.models) - set(names)
+    for name in names:
+        widened |= bindings[name]
+    return replace(query, models=frozenset(widened))
 
 
 def _lookup(row: Row, record: Mapping[str, Any] | None, path: str) -> Any:

@@ -76,6 +76,9 @@ def test_timeline_filters_pages_and_shared_links(browser: Any, console_url: str,
     outcomes = set(_texts(browser, "#timeline tr.row td:nth-child(4)"))
     assert outcomes == {"timeout"}, outcomes
     assert "outcome=timeout" in browser.current_url
+    # the same query as an fx log command to copy (tests/integration/workload_sdk/test_log.py
+    # runs it: the same rows)
+    assert browser.find_element(By.ID, "log-command").text == f"fx log {wid} --outcome timeout"
     # a page of 3 rows, and the next one
     browser.get(f"{console_url}/w/{wid}?size=3&page=0")
     first = _texts(browser, "#timeline tr.row td:nth-child(2)")

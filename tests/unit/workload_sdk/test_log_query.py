@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_schema import EffectRequest, MergeEntry, OutputRecord, decode
+from broker_schema import BindingSwitch, EffectRequest, MergeEntry, OutputRecord, SpecRecord, decode
 from console import views
 from fx_cli.main import build_parser
 from fx_kafka.workload_log import WorkloadLog
@@ -21,6 +21,7 @@ from workload_sdk._log_query import (
     DECISION_KINDS,
     LogQuery,
     QueryError,
+    bound_models,
     log_records,
     parse_query,
     record_fields,
@@ -28,6 +29,7 @@ from workload_sdk._log_query import (
     row_json,
     rows_of,
     table_header,
+    with_model_names,
 )
 from workload_sdk.log_rows import LogIndex, Row
 
@@ -200,3 +202,25 @@ def test_the_consoles_filter_as_a_command_keeps_the_consoles_rows(
                         effects=args.effect or (), fields=args.where or (), lo=args.lo,
                         hi=args.hi, decisions=args.decisions)
     assert _keep(rows, log, query) == console
+
+
+def test_a_model_name_is_every_hash_the_specs_bound_to_it(log: WorkloadLog,
+                                                           rows: list[Row]) -> None:
+    specs = [s for s in (decode(r.value) for r in log["spec"]) if isinstance(s, SpecRecord)]
+    spec = specs[0]
+    h1, h2 = "sha256:" + "11" * 32, "sha256:" + "22" * 32
+    switched = spec.model_copy(update={"models": {"m": h1}, "binding_switches": (
+        BindingSwitch(at_input_offset=5, models={"m": h2, "other": h1}),)})
+    bindings = bound_models([switched])
+    assert bindings == {"m": frozenset({h1, h2}), "other": frozenset({h1})}
+    query = with_model_names(parse_query(models=["m", "sha256:" + "33" * 32]), bindings)
+    assert query.models == {h1, h2, "sha256:" + "33" * 32}
+    assert with_model_names(parse_query(), bindings) == parse_query()
+    with pytest.raises(QueryError, match=r"--model 'x': no spec of the workload binds a model "
+                       r"of that name \(bound: m, other\)"):
+        with_model_names(parse_query(models=["x"]), bindings)
+    # on the golden log: the name keeps exactly the rows of the hashes bound to it
+    golden = bound_models(specs)
+    for name, hashes in golden.items():
+        by_name = _keep(rows, log, with_model_names(parse_query(models=[name]), golden))
+        assert by_name == _keep(rows, log, parse_query(models=sorted(hashes)))
