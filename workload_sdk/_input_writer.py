@@ -26,6 +26,7 @@ from broker_schema.canonical import canonical_json
 from broker_schema.limits import INLINE_MAX_BYTES
 from broker_schema.records import inline_size
 from fx_kafka.client import make_producer
+from fx_kafka.workloads import require_workload
 from workload_sdk._refs_io import chunk_store, store_where
 
 __all__ = ["ChunkPlan", "InputTooLarge", "InputWriter", "WrittenInput", "plan_input",
@@ -106,8 +107,9 @@ class InputWriter:
         async with InputWriter(bootstrap, "qgate-1") as writer:
             written = await writer.write(Path("scan.bin").read_bytes(), source="scanner-3")
 
-    or, outside an event loop, :func:`write_input`. The workload's topics must exist (its spec
-    was written: ``fx workload spec``).
+    or, outside an event loop, :func:`write_input`. The workload must exist (its spec was
+    written: ``fx workload spec``): otherwise the first write raises
+    :class:`fx_kafka.workloads.UnknownWorkload` (a ``LookupError``) naming the workloads that do.
     """
 
     def __init__(self, bootstrap: str, workload_id: str, *, chunk_dir: str | Path | None = None,
@@ -118,6 +120,7 @@ class InputWriter:
         self.remedy = remedy
         self.store = chunk_store(bootstrap, chunk_dir)
         self._producer: Any = None
+        self._checked = False
 
     @property
     def where(self) -> str:
@@ -141,7 +144,13 @@ class InputWriter:
                     source: str | None = None) -> WrittenInput:
         """Append one input carrying ``value`` (``bytes``, ``str``, a JSON value, or a body or
         reference as is); over the inline limit it is first stored as a chunk (or refused with
-        :class:`InputTooLarge` when the writer may not store chunks). Returns where it went."""
+        :class:`InputTooLarge` when the writer may not store chunks). Returns where it went.
+        ``OSError`` or a Kafka authorization error when the chunk store refuses the chunk."""
+        if not self._checked:
+            # a workload that is not there is said at once (UnknownWorkload, a LookupError),
+            # before a chunk is stored for it or a topic is waited for
+            await require_workload(self.bootstrap, self.workload_id, streams=("in",))
+            self._checked = True
         planned = plan_input(value, media_type=media_type)
         chunked = isinstance(planned, ChunkPlan)
         if isinstance(planned, ChunkPlan):

@@ -22,6 +22,7 @@ import pytest
 from broker_schema import ChunkRef, InlineBody, InputRecord, decode, sha256_hex, topics
 from broker_schema.limits import INLINE_MAX_BYTES
 from fx_kafka.workload_log import read_topic
+from fx_kafka.workloads import UnknownWorkload
 from tests.integration.workload_sdk.test_refs import RefReader, _outputs
 from workload_sdk import InputTooLarge, InputWriter, replay
 from workload_sdk._kafka_io import read_workload_log
@@ -88,6 +89,9 @@ async def test_a_5_mb_file_and_a_large_text_are_fed_by_reference_and_read_by_the
         assert isinstance(written.body, ChunkRef)
         assert written.body.hash == sha256_hex(text.encode())
         assert not small.chunked and isinstance(small.body, InlineBody)
+        with pytest.raises(UnknownWorkload, match=f"no workload '{wid}x' on this broker"):
+            async with InputWriter(kafka_bootstrap, wid + "x") as writer:
+                await writer.write(text)
         with pytest.raises(InputTooLarge, match=f"inline limit of {INLINE_MAX_BYTES} bytes"):
             async with InputWriter(kafka_bootstrap, wid, chunk=False) as writer:
                 await writer.write(text)
@@ -113,3 +117,27 @@ async def test_a_5_mb_file_and_a_large_text_are_fed_by_reference_and_read_by_the
     log = await read_workload_log(kafka_bootstrap, wid, with_facts=False)
     result = replay(RefReader(), log)
     assert compare_outputs(result, log) == []
+
+
+async def test_a_filesystem_chunk_store_is_used_when_the_holder_uses_one(
+    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
+) -> None:
+    """``--chunk-dir``: the input's chunk goes to the holder's filesystem store, where the
+    holder reads it."""
+    wid = unique_workload_id
+    store = tmp_path / "chunks"
+    data = os.urandom(300_000)
+    (tmp_path / "in.bin").write_bytes(data)
+    async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(),
+                               log_dir=tmp_path) as h:
+        fed = await asyncio.to_thread(_fx, "workload", "input", wid, "--file",
+                                      str(tmp_path / "in.bin"), "--chunk-dir", str(store),
+                                      "--bootstrap", kafka_bootstrap)
+        assert fed.returncode == 0, fed.stderr
+        assert f"stored in the chunk directory {store}" in fed.stdout
+        assert (store / "wl" / wid / "sha256" / sha256_hex(data).split(":")[1]).read_bytes() \
+            == data
+        h.start_holder("fs-a", "--chunk-dir", str(store), elect=False)
+        want = {"read": sha256_hex(data), "size": len(data), "type": "chunk"}
+        await h.wait_for(lambda log: want in _outputs(log), timeout=120,
+                         what="the step's reading of the chunk")
