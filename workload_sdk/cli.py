@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker_schema import SpecRecord, encode, topics
+from broker_schema import ChunkRef, SpecRecord, StreamRef, encode, topics
 from fx_kafka.cli_errors import run_command
 from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
@@ -243,6 +243,27 @@ def _spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reference(text: str) -> ChunkRef | StreamRef:
+    """A chunk or stream reference from JSON (what ``fx chunk put`` prints); ``ValueError`` with
+    one line otherwise."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from fx_kafka.cli_errors import one_line
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("type") not in ("chunk", "stream"):
+        raise ValueError('a reference is a JSON object with "type": "chunk" (as fx chunk put '
+                         'prints it) or "stream"')
+    try:
+        ref: ChunkRef | StreamRef = TypeAdapter(ChunkRef | StreamRef).validate_python(data)
+    except ValidationError as exc:
+        raise ValueError(one_line(exc)) from None
+    return ref
+
+
 class _ChunkNotStored(Exception):
     """The chunk store refused the write (a directory that cannot be written, a principal
     without WRITE on ``sys.chunks``)."""
@@ -266,6 +287,12 @@ def _input(args: argparse.Namespace) -> int:
             return EXIT_WORKLOAD
     elif args.text is not None:
         value = args.text
+    elif args.ref is not None:
+        try:
+            value = _reference(args.ref)
+        except ValueError as exc:
+            print(f"fx workload input: --ref: {exc}", file=sys.stderr, flush=True)
+            return EXIT_WORKLOAD
     else:
         with open(args.file, "rb") as fh:
             value = fh.read()
@@ -688,6 +715,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group.add_argument("--json", help="a JSON value")
     group.add_argument("--text", help="UTF-8 text")
     group.add_argument("--file", help="a file's bytes")
+    group.add_argument("--ref", metavar="JSON",
+                       help="a chunk reference already stored for the workload (what fx chunk "
+                       "put --workload ID prints) or a stream reference, as the body")
     inp.add_argument("--media-type", help="recorded on the body (or the chunk reference)")
     inp.add_argument("--source", help="who or what the input comes from (recorded)")
     inp.add_argument("--inline", action="store_true",

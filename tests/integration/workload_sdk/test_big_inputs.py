@@ -119,11 +119,11 @@ async def test_a_5_mb_file_and_a_large_text_are_fed_by_reference_and_read_by_the
     assert compare_outputs(result, log) == []
 
 
-async def test_a_filesystem_chunk_store_is_used_when_the_holder_uses_one(
+async def test_a_filesystem_chunk_store_and_a_reference_put_by_fx_chunk_put(
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
 ) -> None:
     """``--chunk-dir``: the input's chunk goes to the holder's filesystem store, where the
-    holder reads it."""
+    holder reads it; a chunk put with ``fx chunk put`` is written as an input with ``--ref``."""
     wid = unique_workload_id
     store = tmp_path / "chunks"
     data = os.urandom(300_000)
@@ -137,7 +137,23 @@ async def test_a_filesystem_chunk_store_is_used_when_the_holder_uses_one(
         assert f"stored in the chunk directory {store}" in fed.stdout
         assert (store / "wl" / wid / "sha256" / sha256_hex(data).split(":")[1]).read_bytes() \
             == data
+        # a chunk put with the executor's fx chunk put, then written as an input with --ref
+        other = os.urandom(90_000)
+        (tmp_path / "other.bin").write_bytes(other)
+        put = await asyncio.to_thread(_fx, "chunk", "put", str(tmp_path / "other.bin"),
+                                      "--workload", wid, "--backend", "fs", "--dir", str(store))
+        assert put.returncode == 0, put.stderr
+        by_ref = await asyncio.to_thread(_fx, "workload", "input", wid, "--ref", put.stdout,
+                                         "--bootstrap", kafka_bootstrap)
+        assert by_ref.returncode == 0 and f"{topics.inputs(wid)}@1" in by_ref.stdout, by_ref
+        bad = await asyncio.to_thread(_fx, "workload", "input", wid, "--ref", '{"hash": 1}',
+                                      "--bootstrap", kafka_bootstrap)
+        assert bad.returncode == 2 and bad.stderr.strip() == (
+            'fx workload input: --ref: a reference is a JSON object with "type": "chunk" (as '
+            'fx chunk put prints it) or "stream"'), bad.stderr
         h.start_holder("fs-a", "--chunk-dir", str(store), elect=False)
-        want = {"read": sha256_hex(data), "size": len(data), "type": "chunk"}
-        await h.wait_for(lambda log: want in _outputs(log), timeout=120,
-                         what="the step's reading of the chunk")
+        want = [{"read": sha256_hex(data), "size": len(data), "type": "chunk"},
+                {"read": sha256_hex(other), "size": len(other), "type": "chunk"}]
+        log = await h.wait_for(lambda log: all(w in _outputs(log) for w in want), timeout=120,
+                               what="the step's reading of the chunks")
+        assert _outputs(log) == want
