@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from broker_schema import SpecRecord, topics
+from broker_schema.canonical import HASH_PREFIX
 from fx_kafka.workload_log import LogRecord, WorkloadLog
 from workload_sdk._commands import why_command
 from workload_sdk.log_rows import KINDS, OUTCOMES, STREAM_ORDER, LogIndex, Row, row_of
@@ -130,7 +131,7 @@ def with_model_names(query: LogQuery, bindings: Mapping[str, frozenset[str]]) ->
     """``query`` with each model given by a bound name (not ``sha256:...``) widened to the
     hashes the specs bound it to (:func:`bound_models`): requests name the hash, not the name.
     :class:`QueryError` for a name no spec binds."""
-    names = sorted(m for m in query.models if not m.startswith("sha256:"))
+    names = sorted(m for m in query.models if not m.startswith(HASH_PREFIX))
     if not names:
         return query
     unknown = [n for n in names if n not in bindings]
