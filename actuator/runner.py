@@ -15,12 +15,14 @@ ask :func:`actuator.core.decide`, then
 A restart (kill -9 at any point) reads every request whose offset was not committed again.
 Idempotent and fenced commands are simply run again (a set-point repeated is harmless; the epoch
 check still applies). An at-most-once command is looked up in the memory read back at start:
-``done`` is answered again from memory without touching the device, an ``attempt`` without
-``done`` is left unanswered (the device may have acted and nobody knows): its lease lapses, the
-lease holder writes ``unknown`` and, for an at-most-once kind, an alarm. A write whose answer
-never came (a timeout, a dropped connection) is the same case for at-most-once; for idempotent
-and fenced kinds it is written again (twice more at most) and then, still in doubt, left to the
-lease the same way. The gateway never writes ``unknown`` itself: it answers only what it knows.
+``done`` is answered again from memory without touching the device, an ``attempt`` without ``done``
+is left unanswered (the device may have acted and nobody knows): its lease lapses, the lease holder
+writes ``unknown`` and, for an at-most-once kind, an alarm. A write whose answer never came (a
+timeout, a dropped connection) is the same case for at-most-once; for idempotent and fenced kinds
+it is written again (twice more at most) and then, still in doubt, left to the lease the same way.
+Either way, a write the device did not confirm raises an alarm at once (``device_timeout``, on
+``sys.alarms``) with the register read back from the device. The gateway never writes ``unknown``
+itself: it answers only what it knows.
 
 SIGTERM: the shell stops reading; commands in flight get ``shutdown_grace_s`` to finish (a
 command is never abandoned half-way by the gateway itself), then the gateway stops; what is
@@ -63,6 +65,8 @@ from broker_schema import DecodeError, topics
 from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     ActuatorMemoryRecord,
+    AlarmRecord,
+    DeviceReadBack,
     EffectRequest,
     FactsRecord,
     InlineBody,
@@ -295,8 +299,8 @@ class DeviceRunner:
                 self.metrics.device_writes.labels(command.device, "in_doubt").inc()
                 log.warning("%s (%s, write %d of %d)", exc, guarantee, attempt, writes)
                 if attempt == writes:
-                    log.error("%s: left in doubt; its lease decides (unknown%s)",
-                              job.effect_id, ", alarm" if guarantee == "at-most-once" else "")
+                    log.error("%s: left in doubt; its lease decides (unknown)", job.effect_id)
+                    await self._alarm(ex, device, str(exc))
                     return None
                 await asyncio.sleep(backoff_s(attempt))
         self.metrics.device_writes.labels(command.device, "ok").inc()
@@ -307,6 +311,39 @@ class DeviceRunner:
         await self._remember(remember_after(state, job, command, guarantee, response,
                                             changed=True, now_us=_now_us()))
         return response
+
+    async def _alarm(self, ex: Execute, device: ModbusDevice, detail: str) -> None:
+        """The device did not confirm the write in time: read its register back and raise an
+        alarm with what it shows (``device_timeout``, on ``sys.alarms``, acks=all). The lease
+        holder's ``unknown`` (and, for at-most-once, its alarm of the same id, which the first
+        one written stands for) follows when the lease lapses."""
+        job, command = ex.job, ex.command
+        value = await device.read(command.register)
+        self.metrics.read_backs.labels(command.device,
+                                       "unreadable" if value is None else "ok").inc()
+        request = job.request
+        shown = ("could not be read" if value is None else
+                 f"reads {value}" + (" (the set-point)" if value == command.value else
+                                     f", not the set-point {command.value}"))
+        alarm = AlarmRecord(
+            alarm_id=request.effect_id, workload_id=request.header.workload_id,
+            header=request.header, effect_kind=request.effect_kind, guarantee=ex.guarantee,
+            request_offset=job.request_offset, reissue_of=request.reissue_of,
+            accepted_by=self.config.node_id,
+            reason=(f"{command.device} did not confirm the write of {command.value} to "
+                    f"register {command.register} in time ({detail}); read back, the register "
+                    f"{shown}. Left to the lease (unknown): a person must look"),
+            raised_by=self.config.node_id, raised_us=_now_us(), cause="device_timeout",
+            read_back=DeviceReadBack(device=command.device, address=command.register,
+                                     wanted=command.value, value=value))
+        try:
+            await self.node.producer.produce("alarm", topics.ALARMS, encode(alarm),
+                                             alarm.alarm_id.encode())
+        except KafkaError as exc:
+            log.error("alarm for %s not written: %r", alarm.alarm_id, exc)
+            return
+        self.metrics.alarms.labels(request.effect_kind).inc()
+        log.error("ALARM %s (%s): %s", alarm.alarm_id, alarm.effect_kind, alarm.reason)
 
     # ------------------------------------------------------------------------------ telemetry
     async def _telemetry(self, name: str, workload_id: str, interval_s: float) -> None:
