@@ -28,6 +28,9 @@ class GatewayMetrics:
         self.device_writes = Counter(
             "fx_actuator_device_writes", "Modbus writes, by device and result "
             "(ok, refused, unreachable, in_doubt)", ["device", "result"], registry=r)
+        self.device_up = Gauge(
+            "fx_actuator_device_up", "1 while the device answers (its latest read or connect "
+            "reached it), else 0", ["device"], registry=r)
         self.alarms = Counter(
             "fx_actuator_alarms", "Alarms raised on sys.alarms (a device did not confirm a "
             "write in time), by kind", ["kind"], registry=r)

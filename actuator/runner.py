@@ -75,20 +75,24 @@ from broker_schema.records import (
     ResponseRecord,
 )
 from fx_kafka.client import create_topics, make_consumer, read_partition
-from fx_kafka.retry import backoff_s
+from fx_kafka.retry import jittered_backoff_s
 from fx_node.admission import ExecutorState, Ignore, Refuse
 from fx_node.errors import OutcomeError
 from fx_node.facts import build_facts
 from fx_node.runner import Read, Skip
 from fx_node.shell import NodeShell
 
-__all__ = ["IN_DOUBT_WRITES", "DeviceRunner"]
+__all__ = ["DEVICE_BACKOFF_CAP_S", "DEVICE_PROBE_S", "IN_DOUBT_WRITES", "DeviceRunner"]
 
 log = logging.getLogger("actuator.service")
 
 #: Writes of an idempotent or fenced set-point whose answer never came, before giving up (the
 #: lease then decides).
 IN_DOUBT_WRITES = 3
+#: How often a reachable device is read to see that it still is (readiness), and the cap of
+#: the backoff between reconnects to one that is not (:func:`fx_kafka.retry.jittered_backoff_s`,
+#: from 0.5 s).
+DEVICE_PROBE_S, DEVICE_BACKOFF_CAP_S = 2.0, 10.0
 
 
 def _now_us() -> int:
@@ -120,12 +124,14 @@ class DeviceRunner:
         logging.getLogger("pymodbus").setLevel(max(logging.INFO, log.getEffectiveLevel()))
         await create_topics(self.config.bootstrap, [self.config.memory_topic], compacted=True)
         await self._load_memory()
+        for name in self.devices:
+            self._tasks.append(asyncio.create_task(self._watch_device(name)))
         for entry in self.config.telemetry:
             self._tasks.append(asyncio.create_task(
                 self._telemetry(entry.device, entry.workload_id, entry.interval_s)))
 
     def tasks(self) -> list[asyncio.Task[Any]]:
-        """The telemetry loops."""
+        """The device watches and the telemetry loops."""
         return self._tasks
 
     def started(self) -> None:
@@ -302,7 +308,7 @@ class DeviceRunner:
                     log.error("%s: left in doubt; its lease decides (unknown)", job.effect_id)
                     await self._alarm(ex, device, str(exc))
                     return None
-                await asyncio.sleep(backoff_s(attempt))
+                await asyncio.sleep(jittered_backoff_s(attempt))
         self.metrics.device_writes.labels(command.device, "ok").inc()
         read_back = await device.read(command.register)
         self._crash("after_write")
@@ -345,6 +351,33 @@ class DeviceRunner:
         self.metrics.alarms.labels(request.effect_kind).inc()
         log.error("ALARM %s (%s): %s", alarm.alarm_id, alarm.effect_kind, alarm.reason)
 
+    # ------------------------------------------------------------------------------ devices
+    async def _watch_device(self, name: str) -> None:
+        """Read ``name``'s register every :data:`DEVICE_PROBE_S` while it answers; while it does
+        not, try again after a backoff that doubles from 0.5 s to :data:`DEVICE_BACKOFF_CAP_S`
+        with jitter (bounded work while a device is away). What it finds is the device's part of
+        the gateway's readiness and ``fx_actuator_device_up``."""
+        device = self.devices[name]
+        address = self.config.devices[name].address
+        failures = 0
+        while True:
+            async with device.lock:
+                value = await device.read(address)
+            up = value is not None and device.reachable is not False
+            self.metrics.device_up.labels(name).set(1 if up else 0)
+            if up:
+                if failures:
+                    log.info("device %s answers again (after %d failed tries)", name, failures)
+                failures = 0
+                delay = DEVICE_PROBE_S
+            else:
+                failures += 1
+                delay = jittered_backoff_s(failures, base_s=0.5, cap_s=DEVICE_BACKOFF_CAP_S)
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("device %s does not answer (try %d); trying again in %.1f s",
+                                name, failures, delay)
+            await asyncio.sleep(delay)
+
     # ------------------------------------------------------------------------------ telemetry
     async def _telemetry(self, name: str, workload_id: str, interval_s: float) -> None:
         """Append the device's set-point register to ``wl.<workload_id>.in`` every
@@ -355,8 +388,11 @@ class DeviceRunner:
         names = {v: k for k, v in cfg.values.items()}
         topic = topics.inputs(workload_id)
         while True:
-            async with device.lock:
-                value = await device.read(cfg.address)
+            if device.reachable is False:  # the watch reconnects, with backoff
+                value = None
+            else:
+                async with device.lock:
+                    value = await device.read(cfg.address)
             if value is None:
                 self.metrics.telemetry.labels(name, "unreadable").inc()
             else:
@@ -385,9 +421,11 @@ class DeviceRunner:
             now_us=_now_us(), guarantees=self.config.guarantees)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Each device's connection, and how many effects are remembered (never not ready)."""
-        return True, {"devices": {name: d.connected for name, d in sorted(self.devices.items())},
-                      "remembered_effects": len(self.gateway.memory.attempts)}
+        """Ready while every configured device answers (the latest read or connect reached it:
+        :meth:`_watch_device`); each device's state, and how many effects are remembered."""
+        reachable = {name: d.reachable is True for name, d in sorted(self.devices.items())}
+        return all(reachable.values()), {
+            "devices": reachable, "remembered_effects": len(self.gateway.memory.attempts)}
 
     def refresh_gauges(self) -> None:
         """The queue gauges."""
