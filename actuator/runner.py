@@ -260,7 +260,9 @@ class DeviceRunner:
             raise
         self._crash("after_accept")
         async with device.lock:
-            response = await self._run_command(ex, device)
+            response, alarm = await self._run_command(ex, device)
+        if alarm is not None:  # written once the device is free again
+            await self._raise(alarm)
         if not self.state.finish(job.effect_id):
             return
         if response is None:  # in doubt: left to its lease (unknown, and an alarm)
@@ -269,23 +271,25 @@ class DeviceRunner:
             return
         await self._respond(response, read, read_mono)
 
-    async def _run_command(self, ex: Execute, device: ModbusDevice) -> ResponseRecord | None:
+    async def _run_command(self, ex: Execute, device: ModbusDevice
+                           ) -> tuple[ResponseRecord | None, AlarmRecord | None]:
         """Under the device's lock: judge the memory again, remember, write, read back,
         remember. The response to write, or None when the device may have acted and nobody
-        knows (no answer: the lease decides)."""
+        knows (no answer: the lease decides); and the alarm to raise when the device did not
+        confirm the write (with its register read back)."""
         job, command, guarantee = ex.job, ex.command, ex.guarantee
         state = self.gateway
         started_us = _now_us()
         verdict = memory_verdict(state.memory, job.request, command, guarantee)
         if verdict[0] == "refuse":
             return device_error(state, job, verdict[1], verdict[2], started_us=started_us,
-                                finished_us=_now_us())
+                                finished_us=_now_us()), None
         if verdict[0] == "reanswer":
             return remembered_response(state, job.request, job.request_offset, verdict[1],
-                                       started_us, request_hash=job.request_hash)
+                                       started_us, request_hash=job.request_hash), None
         if verdict[0] == "leave":
             log.warning("%s", verdict[1])
-            return None
+            return None, None
         await self._remember(remember_before(state, job, command, guarantee, started_us))
         self._crash("after_attempt")
         writes = 1 if guarantee == "at-most-once" else IN_DOUBT_WRITES
@@ -300,14 +304,13 @@ class DeviceRunner:
                                         started_us=started_us, finished_us=_now_us())
                 await self._remember(remember_after(state, job, command, guarantee, response,
                                                     changed=False, now_us=_now_us()))
-                return response
+                return response, None
             except InDoubt as exc:
                 self.metrics.device_writes.labels(command.device, "in_doubt").inc()
                 log.warning("%s (%s, write %d of %d)", exc, guarantee, attempt, writes)
                 if attempt == writes:
                     log.error("%s: left in doubt; its lease decides (unknown)", job.effect_id)
-                    await self._alarm(ex, device, str(exc))
-                    return None
+                    return None, await self._read_back_alarm(ex, device, str(exc))
                 await asyncio.sleep(jittered_backoff_s(attempt))
         self.metrics.device_writes.labels(command.device, "ok").inc()
         read_back = await device.read(command.register)
@@ -316,13 +319,14 @@ class DeviceRunner:
                                     started_us=started_us, finished_us=_now_us())
         await self._remember(remember_after(state, job, command, guarantee, response,
                                             changed=True, now_us=_now_us()))
-        return response
+        return response, None
 
-    async def _alarm(self, ex: Execute, device: ModbusDevice, detail: str) -> None:
-        """The device did not confirm the write in time: read its register back and raise an
-        alarm with what it shows (``device_timeout``, on ``sys.alarms``, acks=all). The lease
-        holder's ``unknown`` (and, for at-most-once, its alarm of the same id, which the first
-        one written stands for) follows when the lease lapses."""
+    async def _read_back_alarm(self, ex: Execute, device: ModbusDevice,
+                               detail: str) -> AlarmRecord:
+        """The device did not confirm the write in time: read its register back (under the
+        device's lock) and make the alarm that shows it (``device_timeout``; :meth:`_raise`
+        writes it). The lease holder's ``unknown`` (and, for at-most-once, its alarm of the
+        same id, which the first one written stands for) follows when the lease lapses."""
         job, command = ex.job, ex.command
         value = await device.read(command.register)
         self.metrics.read_backs.labels(command.device,
@@ -331,7 +335,7 @@ class DeviceRunner:
         shown = ("could not be read" if value is None else
                  f"reads {value}" + (" (the set-point)" if value == command.value else
                                      f", not the set-point {command.value}"))
-        alarm = AlarmRecord(
+        return AlarmRecord(
             alarm_id=request.effect_id, workload_id=request.header.workload_id,
             header=request.header, effect_kind=request.effect_kind, guarantee=ex.guarantee,
             request_offset=job.request_offset, reissue_of=request.reissue_of,
@@ -342,13 +346,16 @@ class DeviceRunner:
             raised_by=self.config.node_id, raised_us=_now_us(), cause="device_timeout",
             read_back=DeviceReadBack(device=command.device, address=command.register,
                                      wanted=command.value, value=value))
+
+    async def _raise(self, alarm: AlarmRecord) -> None:
+        """Write ``alarm`` to ``sys.alarms`` (acks=all, retried while the broker is away)."""
         try:
             await self.node.producer.produce("alarm", topics.ALARMS, encode(alarm),
                                              alarm.alarm_id.encode())
         except KafkaError as exc:
             log.error("alarm for %s not written: %r", alarm.alarm_id, exc)
             return
-        self.metrics.alarms.labels(request.effect_kind).inc()
+        self.metrics.alarms.labels(alarm.effect_kind).inc()
         log.error("ALARM %s (%s): %s", alarm.alarm_id, alarm.effect_kind, alarm.reason)
 
     # ------------------------------------------------------------------------------ devices
