@@ -1,10 +1,11 @@
 """Alarms on ``sys.alarms``: list them, acknowledge them (``fx alarms``).
 
 An alarm is written by the lease holder, in the same transaction as the ``unknown`` outcome of an
-``at-most-once`` actuation (docs/actuation.md, "Alarms"): the command may have acted and nothing
-will retry it, so a person must look. An operator acknowledges it with an ``alarm_ack`` record
-(who, and a note); both stay on the topic as its history. :func:`alarm_states` is the pure fold.
-"""
+``at-most-once`` actuation or the ``timeout`` of any actuation, and by a gateway whose device did
+not confirm a write in time, with the register read back (docs/actuation.md, "Alarms"): the command
+may have acted, or did not, and nothing will retry it, so a person must look. An operator
+acknowledges it with an ``alarm_ack`` record (who, and a note); both stay on the topic as its
+history. :func:`alarm_states` is the pure fold. """
 
 from __future__ import annotations
 

@@ -94,11 +94,17 @@ def _alarms(args: argparse.Namespace) -> int:
             a = s.alarm
             status = ("OPEN " if s.open else
                       f"acked by {s.ack.acked_by} {_when(s.ack.acked_us)}" if s.ack else "")
-            print(f"{a.alarm_id}  {a.effect_kind} ({a.guarantee})  {status}")
+            cause = "" if a.cause == "unknown" else f" {a.cause}"
+            print(f"{a.alarm_id}  {a.effect_kind} ({a.guarantee}){cause}  {status}")
             print(f"    raised by {a.raised_by} at {_when(a.raised_us)}; request at "
                   f"{a.workload_id} .out@{a.request_offset}"
                   + (f", a reissue of {a.reissue_of}" if a.reissue_of else ""))
             print(f"    {a.reason}")
+            if a.read_back is not None:
+                rb = a.read_back
+                print(f"    read back: {rb.device} register {rb.address} = "
+                      f"{'unreadable' if rb.value is None else rb.value} "
+                      f"(wanted {rb.wanted})")
             if s.ack is not None and s.ack.note:
                 print(f"    note: {s.ack.note}")
         if not shown:

@@ -38,6 +38,9 @@ class ModbusDevice:
         self.config = config
         self.lock = asyncio.Lock()
         self._client: AsyncModbusTcpClient | None = None
+        #: whether the latest connect or read reached the device (None: not tried yet); the
+        #: gateway's readiness (docs/operations.md, "Health")
+        self.reachable: bool | None = None
 
     @property
     def connected(self) -> bool:
@@ -56,13 +59,16 @@ class ModbusDevice:
             ok = await asyncio.wait_for(client.connect(), cfg.timeout_s + 1)
         except (TimeoutError, OSError, ModbusException) as exc:
             client.close()
+            self.reachable = False
             raise OutcomeError("device_unreachable",
                                f"{self.name} ({cfg.host}:{cfg.port}): {exc!r}") from None
         if not ok or not client.connected:
             client.close()
+            self.reachable = False
             raise OutcomeError("device_unreachable",
                                f"{self.name} ({cfg.host}:{cfg.port}) does not answer")
         self._client = client
+        self.reachable = True
 
     async def write(self, register: int, value: int) -> None:
         """Write ``value`` to holding ``register`` (function 6). Raises ``device_unreachable``
@@ -90,7 +96,9 @@ class ModbusDevice:
                                                               device_id=self.config.unit)
         except (OutcomeError, ModbusException, OSError, TimeoutError):
             self.close()
+            self.reachable = False
             return None
+        self.reachable = True
         if reply.isError() or not reply.registers:
             return None
         return int(reply.registers[0])

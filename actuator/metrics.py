@@ -28,6 +28,15 @@ class GatewayMetrics:
         self.device_writes = Counter(
             "fx_actuator_device_writes", "Modbus writes, by device and result "
             "(ok, refused, unreachable, in_doubt)", ["device", "result"], registry=r)
+        self.device_up = Gauge(
+            "fx_actuator_device_up", "1 while the device answers (its latest read or connect "
+            "reached it), else 0", ["device"], registry=r)
+        self.alarms = Counter(
+            "fx_actuator_alarms", "Alarms raised on sys.alarms (a device did not confirm a "
+            "write in time), by kind", ["kind"], registry=r)
+        self.read_backs = Counter(
+            "fx_actuator_read_backs", "Registers read back after a write the device did not "
+            "confirm, by device and result (ok, unreadable)", ["device", "result"], registry=r)
         self.memory_writes = Counter(
             "fx_actuator_memory_writes", "Records written to this gateway's memory, by entry",
             ["entry"], registry=r)

@@ -15,12 +15,14 @@ ask :func:`actuator.core.decide`, then
 A restart (kill -9 at any point) reads every request whose offset was not committed again.
 Idempotent and fenced commands are simply run again (a set-point repeated is harmless; the epoch
 check still applies). An at-most-once command is looked up in the memory read back at start:
-``done`` is answered again from memory without touching the device, an ``attempt`` without
-``done`` is left unanswered (the device may have acted and nobody knows): its lease lapses, the
-lease holder writes ``unknown`` and, for an at-most-once kind, an alarm. A write whose answer
-never came (a timeout, a dropped connection) is the same case for at-most-once; for idempotent
-and fenced kinds it is written again (twice more at most) and then, still in doubt, left to the
-lease the same way. The gateway never writes ``unknown`` itself: it answers only what it knows.
+``done`` is answered again from memory without touching the device, an ``attempt`` without ``done``
+is left unanswered (the device may have acted and nobody knows): its lease lapses, the lease holder
+writes ``unknown`` and, for an at-most-once kind, an alarm. A write whose answer never came (a
+timeout, a dropped connection) is the same case for at-most-once; for idempotent and fenced kinds
+it is written again (twice more at most) and then, still in doubt, left to the lease the same way.
+Either way, a write the device did not confirm raises an alarm at once (``device_timeout``, on
+``sys.alarms``) with the register read back from the device. The gateway never writes ``unknown``
+itself: it answers only what it knows.
 
 SIGTERM: the shell stops reading; commands in flight get ``shutdown_grace_s`` to finish (a
 command is never abandoned half-way by the gateway itself), then the gateway stops; what is
@@ -63,6 +65,8 @@ from broker_schema import DecodeError, topics
 from broker_schema.codec import decode, encode, request_hash
 from broker_schema.records import (
     ActuatorMemoryRecord,
+    AlarmRecord,
+    DeviceReadBack,
     EffectRequest,
     FactsRecord,
     InlineBody,
@@ -71,20 +75,24 @@ from broker_schema.records import (
     ResponseRecord,
 )
 from fx_kafka.client import create_topics, make_consumer, read_partition
-from fx_kafka.retry import backoff_s
+from fx_kafka.retry import jittered_backoff_s
 from fx_node.admission import ExecutorState, Ignore, Refuse
 from fx_node.errors import OutcomeError
 from fx_node.facts import build_facts
 from fx_node.runner import Read, Skip
 from fx_node.shell import NodeShell
 
-__all__ = ["IN_DOUBT_WRITES", "DeviceRunner"]
+__all__ = ["DEVICE_BACKOFF_CAP_S", "DEVICE_PROBE_S", "IN_DOUBT_WRITES", "DeviceRunner"]
 
 log = logging.getLogger("actuator.service")
 
 #: Writes of an idempotent or fenced set-point whose answer never came, before giving up (the
 #: lease then decides).
 IN_DOUBT_WRITES = 3
+#: How often a reachable device is read to see that it still is (readiness), and the cap of
+#: the backoff between reconnects to one that is not (:func:`fx_kafka.retry.jittered_backoff_s`,
+#: from 0.5 s).
+DEVICE_PROBE_S, DEVICE_BACKOFF_CAP_S = 2.0, 10.0
 
 
 def _now_us() -> int:
@@ -116,12 +124,14 @@ class DeviceRunner:
         logging.getLogger("pymodbus").setLevel(max(logging.INFO, log.getEffectiveLevel()))
         await create_topics(self.config.bootstrap, [self.config.memory_topic], compacted=True)
         await self._load_memory()
+        for name in self.devices:
+            self._tasks.append(asyncio.create_task(self._watch_device(name)))
         for entry in self.config.telemetry:
             self._tasks.append(asyncio.create_task(
                 self._telemetry(entry.device, entry.workload_id, entry.interval_s)))
 
     def tasks(self) -> list[asyncio.Task[Any]]:
-        """The telemetry loops."""
+        """The device watches and the telemetry loops."""
         return self._tasks
 
     def started(self) -> None:
@@ -250,7 +260,9 @@ class DeviceRunner:
             raise
         self._crash("after_accept")
         async with device.lock:
-            response = await self._run_command(ex, device)
+            response, alarm = await self._run_command(ex, device)
+        if alarm is not None:  # written once the device is free again
+            await self._raise(alarm)
         if not self.state.finish(job.effect_id):
             return
         if response is None:  # in doubt: left to its lease (unknown, and an alarm)
@@ -259,23 +271,25 @@ class DeviceRunner:
             return
         await self._respond(response, read, read_mono)
 
-    async def _run_command(self, ex: Execute, device: ModbusDevice) -> ResponseRecord | None:
+    async def _run_command(self, ex: Execute, device: ModbusDevice
+                           ) -> tuple[ResponseRecord | None, AlarmRecord | None]:
         """Under the device's lock: judge the memory again, remember, write, read back,
         remember. The response to write, or None when the device may have acted and nobody
-        knows (no answer: the lease decides)."""
+        knows (no answer: the lease decides); and the alarm to raise when the device did not
+        confirm the write (with its register read back)."""
         job, command, guarantee = ex.job, ex.command, ex.guarantee
         state = self.gateway
         started_us = _now_us()
         verdict = memory_verdict(state.memory, job.request, command, guarantee)
         if verdict[0] == "refuse":
             return device_error(state, job, verdict[1], verdict[2], started_us=started_us,
-                                finished_us=_now_us())
+                                finished_us=_now_us()), None
         if verdict[0] == "reanswer":
             return remembered_response(state, job.request, job.request_offset, verdict[1],
-                                       started_us, request_hash=job.request_hash)
+                                       started_us, request_hash=job.request_hash), None
         if verdict[0] == "leave":
             log.warning("%s", verdict[1])
-            return None
+            return None, None
         await self._remember(remember_before(state, job, command, guarantee, started_us))
         self._crash("after_attempt")
         writes = 1 if guarantee == "at-most-once" else IN_DOUBT_WRITES
@@ -290,15 +304,14 @@ class DeviceRunner:
                                         started_us=started_us, finished_us=_now_us())
                 await self._remember(remember_after(state, job, command, guarantee, response,
                                                     changed=False, now_us=_now_us()))
-                return response
+                return response, None
             except InDoubt as exc:
                 self.metrics.device_writes.labels(command.device, "in_doubt").inc()
                 log.warning("%s (%s, write %d of %d)", exc, guarantee, attempt, writes)
                 if attempt == writes:
-                    log.error("%s: left in doubt; its lease decides (unknown%s)",
-                              job.effect_id, ", alarm" if guarantee == "at-most-once" else "")
-                    return None
-                await asyncio.sleep(backoff_s(attempt))
+                    log.error("%s: left in doubt; its lease decides (unknown)", job.effect_id)
+                    return None, await self._read_back_alarm(ex, device, str(exc))
+                await asyncio.sleep(jittered_backoff_s(attempt))
         self.metrics.device_writes.labels(command.device, "ok").inc()
         read_back = await device.read(command.register)
         self._crash("after_write")
@@ -306,7 +319,71 @@ class DeviceRunner:
                                     started_us=started_us, finished_us=_now_us())
         await self._remember(remember_after(state, job, command, guarantee, response,
                                             changed=True, now_us=_now_us()))
-        return response
+        return response, None
+
+    async def _read_back_alarm(self, ex: Execute, device: ModbusDevice,
+                               detail: str) -> AlarmRecord:
+        """The device did not confirm the write in time: read its register back (under the
+        device's lock) and make the alarm that shows it (``device_timeout``; :meth:`_raise`
+        writes it). The lease holder's ``unknown`` (and, for at-most-once, its alarm of the
+        same id, which the first one written stands for) follows when the lease lapses."""
+        job, command = ex.job, ex.command
+        value = await device.read(command.register)
+        self.metrics.read_backs.labels(command.device,
+                                       "unreadable" if value is None else "ok").inc()
+        request = job.request
+        shown = ("could not be read" if value is None else
+                 f"reads {value}" + (" (the set-point)" if value == command.value else
+                                     f", not the set-point {command.value}"))
+        return AlarmRecord(
+            alarm_id=request.effect_id, workload_id=request.header.workload_id,
+            header=request.header, effect_kind=request.effect_kind, guarantee=ex.guarantee,
+            request_offset=job.request_offset, reissue_of=request.reissue_of,
+            accepted_by=self.config.node_id,
+            reason=(f"{command.device} did not confirm the write of {command.value} to "
+                    f"register {command.register} in time ({detail}); read back, the register "
+                    f"{shown}. Left to the lease (unknown): a person must look"),
+            raised_by=self.config.node_id, raised_us=_now_us(), cause="device_timeout",
+            read_back=DeviceReadBack(device=command.device, address=command.register,
+                                     wanted=command.value, value=value))
+
+    async def _raise(self, alarm: AlarmRecord) -> None:
+        """Write ``alarm`` to ``sys.alarms`` (acks=all, retried while the broker is away)."""
+        try:
+            await self.node.producer.produce("alarm", topics.ALARMS, encode(alarm),
+                                             alarm.alarm_id.encode())
+        except KafkaError as exc:
+            log.error("alarm for %s not written: %r", alarm.alarm_id, exc)
+            return
+        self.metrics.alarms.labels(alarm.effect_kind).inc()
+        log.error("ALARM %s (%s): %s", alarm.alarm_id, alarm.effect_kind, alarm.reason)
+
+    # ------------------------------------------------------------------------------ devices
+    async def _watch_device(self, name: str) -> None:
+        """Read ``name``'s register every :data:`DEVICE_PROBE_S` while it answers; while it does
+        not, try again after a backoff that doubles from 0.5 s to :data:`DEVICE_BACKOFF_CAP_S`
+        with jitter (bounded work while a device is away). What it finds is the device's part of
+        the gateway's readiness and ``fx_actuator_device_up``."""
+        device = self.devices[name]
+        address = self.config.devices[name].address
+        failures = 0
+        while True:
+            async with device.lock:
+                value = await device.read(address)
+            up = value is not None and device.reachable is not False
+            self.metrics.device_up.labels(name).set(1 if up else 0)
+            if up:
+                if failures:
+                    log.info("device %s answers again (after %d failed tries)", name, failures)
+                failures = 0
+                delay = DEVICE_PROBE_S
+            else:
+                failures += 1
+                delay = jittered_backoff_s(failures, base_s=0.5, cap_s=DEVICE_BACKOFF_CAP_S)
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("device %s does not answer (try %d); trying again in %.1f s",
+                                name, failures, delay)
+            await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------------------ telemetry
     async def _telemetry(self, name: str, workload_id: str, interval_s: float) -> None:
@@ -318,8 +395,11 @@ class DeviceRunner:
         names = {v: k for k, v in cfg.values.items()}
         topic = topics.inputs(workload_id)
         while True:
-            async with device.lock:
-                value = await device.read(cfg.address)
+            if device.reachable is False:  # the watch reconnects, with backoff
+                value = None
+            else:
+                async with device.lock:
+                    value = await device.read(cfg.address)
             if value is None:
                 self.metrics.telemetry.labels(name, "unreadable").inc()
             else:
@@ -348,9 +428,11 @@ class DeviceRunner:
             now_us=_now_us(), guarantees=self.config.guarantees)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Each device's connection, and how many effects are remembered (never not ready)."""
-        return True, {"devices": {name: d.connected for name, d in sorted(self.devices.items())},
-                      "remembered_effects": len(self.gateway.memory.attempts)}
+        """Ready while every configured device answers (the latest read or connect reached it:
+        :meth:`_watch_device`); each device's state, and how many effects are remembered."""
+        reachable = {name: d.reachable is True for name, d in sorted(self.devices.items())}
+        return all(reachable.values()), {
+            "devices": reachable, "remembered_effects": len(self.gateway.memory.attempts)}
 
     def refresh_gauges(self) -> None:
         """The queue gauges."""

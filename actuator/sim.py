@@ -48,6 +48,9 @@ class SimulatedDevice:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, registers: int = 16,
                  unit: int = 1, initial: int = 0) -> None:
         self.host, self.port, self.unit = host, port, unit
+        #: while set, a write is never answered nor applied (a device that hangs on writes;
+        #: reads are still answered): the gateway's write times out in doubt
+        self.stall_writes = False
         self.count, self.initial = registers, initial
         self._writes: list[Write] = []
         self._lock = threading.Lock()
@@ -59,6 +62,10 @@ class SimulatedDevice:
                       registers: list[int], values: list[int] | list[bool] | None
                       ) -> ExcCodes | None:
         if function_code in _WRITES and values is not None:
+            if self.stall_writes:
+                # never answered; the client gives up and closes the connection, which
+                # cancels this request before the value is applied
+                await asyncio.sleep(3600)
             with self._lock:
                 self._writes.append(Write(time.monotonic(), address,
                                           tuple(int(v) for v in values)))

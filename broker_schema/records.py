@@ -878,13 +878,30 @@ class RejectedRecord(_Model):
     seen_by: NodeId
 
 
-class AlarmRecord(_Model):
-    """An alarm for a person, on ``sys.alarms``: an ``at-most-once`` actuation ended ``unknown``.
+class DeviceReadBack(_Model):
+    """What a gateway read back from a device's register when a command to it was in doubt
+    (docs/actuation.md, "Alarms"): the device, the register's address, the value the command
+    wanted and the value read (None: the register could not be read)."""
 
-    Written by the lease holder in the same transaction as the ``unknown`` response it judged
-    (so there is exactly one alarm per such outcome, and never one without it); never retried,
-    never read by a fold. ``fx alarms`` lists the alarms no ``alarm_ack`` has acknowledged
-    (docs/actuation.md). ``alarm_id`` is the effect id: one alarm per effect."""
+    device: Annotated[str, Field(max_length=200)]
+    #: the holding register's address
+    address: Annotated[int, Field(ge=0, le=65535)]
+    wanted: int
+    value: int | None = None
+
+
+class AlarmRecord(_Model):
+    """An alarm for a person, on ``sys.alarms``: an actuation command that may not have done
+    what it asked (docs/actuation.md, "Alarms").
+
+    Written by the lease holder in the same transaction as the outcome it judged: an
+    ``at-most-once`` command that ended ``unknown``, or any actuation command (a kind the spec
+    declares a guarantee for) that ended ``timeout`` (so there is exactly one alarm per such
+    outcome, and never one without it); and by a gateway whose device did not confirm a write
+    in time, with what it read back from the device (``read_back``). Never retried, never read
+    by a fold. ``fx alarms`` lists the alarms no ``alarm_ack`` has acknowledged
+    (docs/actuation.md). ``alarm_id`` is the effect id: one alarm per effect (the first one
+    written counts)."""
 
     kind: Literal["alarm"] = "alarm"
     v: Literal[1] = SCHEMA_VERSION
@@ -903,6 +920,14 @@ class AlarmRecord(_Model):
     raised_by: NodeId
     #: the holder's clock, for people only
     raised_us: Micros
+    #: what the outcome was: ``unknown`` (accepted, lease lapsed), ``timeout`` (no accept by
+    #: the deadline) or ``device_timeout`` (a gateway's device did not confirm the write).
+    #: Left out of the canonical bytes when ``unknown`` (the only cause before it existed).
+    cause: Literal["unknown", "timeout", "device_timeout"] = Field(
+        default="unknown", exclude_if=lambda v: v == "unknown")
+    #: the device's register as the gateway read it back (``device_timeout``); left out of the
+    #: canonical bytes when None
+    read_back: DeviceReadBack | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_alarm_id(self) -> Self:

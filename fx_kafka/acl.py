@@ -175,9 +175,10 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C)
         out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
         # an actuator gateway's memory (sys.actuator.<node>) and consumer groups; the system
-        # topics are made at start, sys.alarms among them (the executor never writes it)
+        # topics are made at start, sys.alarms among them (a gateway writes an alarm when its
+        # device does not confirm a write: docs/actuation.md, "Alarms")
         out += _grant(ex, T, topics.ACTUATOR_PREFIX, PRE, R, W, D, C)
-        out += _grant(ex, T, topics.ALARMS, LIT, D, C)
+        out += _grant(ex, T, topics.ALARMS, LIT, W, D, C)
         out += _grant(ex, G, f"{roles.actuator_group_prefix}.", PRE, R, D)
     if roles.operator:
         op = _user(roles.operator)

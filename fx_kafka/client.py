@@ -34,6 +34,7 @@ from aiokafka.errors import (
 from broker_schema.limits import BROKER_MESSAGE_MAX_BYTES
 from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError, MirrorCopyError
 from fx_kafka.replication import ReplicationSettings
+from fx_kafka.retry import jittered_backoff_s
 from fx_kafka.security import ClientSecurity
 from fx_kafka.security import current as current_security
 
@@ -294,7 +295,54 @@ def make_producer(
     if transactional_id is not None:
         options["transactional_id"] = transactional_id
     options.update(kw)
-    return AIOKafkaProducer(**options)
+    producer = AIOKafkaProducer(**options)
+    pace_metadata_updates(producer.client)
+    return producer
+
+
+#: the backoff between forced metadata updates after a failed one (jittered, from the base)
+METADATA_BACKOFF_BASE_S, METADATA_BACKOFF_CAP_S = 0.1, 2.0
+
+
+def pace_metadata_updates(client: Any) -> None:
+    """Space the forced metadata updates of an aiokafka ``client`` that follow a failed one by
+    :func:`fx_kafka.retry.jittered_backoff_s` (from 0.1 s, at most 2 s).
+
+    aiokafka's fetcher asks for a metadata update each time it finds an assigned partition
+    without a leader, and while the broker is down each update fails at once, so the fetcher
+    loops without pause (about 1,300 connect attempts a second, most of a core, measured in
+    ``tests/integration/test_health.py``). Paced, a forced update asked for before the next try
+    is due answers "not updated" when it is due; the first update after the broker is back
+    resets the pace. Applied by :func:`make_consumer` and :func:`make_producer`."""
+    original = client.force_metadata_update
+    pace = {"failures": 0, "next_at": 0.0}
+
+    def settle(fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():  # the caller stopped waiting: says nothing of the broker
+            return
+        if fut.exception() is None and bool(fut.result()):
+            pace["failures"], pace["next_at"] = 0, 0.0
+            return
+        pace["failures"] += 1
+        pace["next_at"] = asyncio.get_running_loop().time() + jittered_backoff_s(
+            int(pace["failures"]), base_s=METADATA_BACKOFF_BASE_S, cap_s=METADATA_BACKOFF_CAP_S)
+
+    def paced() -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        if loop.time() < pace["next_at"]:
+            later: asyncio.Future[Any] = loop.create_future()
+
+            def due() -> None:
+                if not later.done():
+                    later.set_result(False)
+
+            loop.call_at(pace["next_at"], due)
+            return later
+        fut: asyncio.Future[Any] = original()
+        fut.add_done_callback(settle)
+        return fut
+
+    client.force_metadata_update = paced
 
 
 def make_consumer(
@@ -321,7 +369,9 @@ def make_consumer(
         "fetch_max_bytes": max(52_428_800, FRAME_CAP_BYTES),
     }
     options.update(kw)
-    return AIOKafkaConsumer(*topics, **options)
+    consumer = AIOKafkaConsumer(*topics, **options)
+    pace_metadata_updates(consumer._client)
+    return consumer
 
 
 #: Headers that ``fx mirror`` (MirrorMaker 2 with this project's ``SourceOffsetHeader``

@@ -1,9 +1,10 @@
 """A node's HTTP surface (FastAPI, served by uvicorn inside the service's event loop): the
 executor's and the actuator gateway's.
 
-``/v2/health/live``: 200 while the process runs its loops. ``/v2/health/ready``: 200 when the
-broker answers a metadata request and the runner is ready (the executor: every preloaded model is
-loaded), else 503 with the reasons.
+``/v2/health/live`` (also ``/healthz``): 200 while the process runs its loops.
+``/v2/health/ready`` (also ``/readyz``): 200 when the broker answers a metadata request (within
+3 s, asked at each call) and the runner is ready (the executor: every preloaded model is loaded;
+the gateway: every configured device answers), else 503 with the reasons.
 ``/facts``: the node's current facts record. ``/metrics``: Prometheus text format.
 """
 
@@ -46,11 +47,13 @@ def create_app(view: HealthView, *, title: str = "ninelives-fx executor") -> Fas
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/v2/health/live")
+    @app.get("/healthz")
     async def live() -> Response:
         ok = view.is_live()
         return JSONResponse({"live": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2/health/ready")
+    @app.get("/readyz")
     async def ready() -> Response:
         body = await view.readiness()
         return JSONResponse(body, status_code=200 if body.get("ready") else 503)

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from fx_kafka.client import make_producer
-from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
+from fx_kafka.retry import batch_lost, broker_unavailable, jittered_backoff_s
 
 __all__ = ["PRODUCER_BATCH_BYTES", "BrokerWait", "ResilientProducer", "close_quietly"]
 
@@ -39,7 +39,7 @@ class BrokerWait:
 
     async def __call__(self, op: str, what: str, exc: BaseException, attempt: int) -> None:
         self.retries.labels(op).inc()
-        delay = backoff_s(attempt)
+        delay = jittered_backoff_s(attempt)
         self.log.warning("broker unavailable (%s %s, retry %d): %r; retrying in %.1f s",
                          op, what, attempt, exc, delay)
         await asyncio.sleep(delay)

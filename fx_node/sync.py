@@ -30,6 +30,7 @@ from broker_schema.records import (
     SpecRecord,
 )
 from fx_kafka.client import check_authorized
+from fx_kafka.retry import jittered_backoff_s
 from fx_node.admission import ExecutorState
 
 __all__ = ["ClaimsSpecReader", "catch_up"]
@@ -42,9 +43,10 @@ async def catch_up(read: Callable[[str, str | None], Awaitable[None]], workload_
                    attempt_s: float = 15.0, max_backoff_s: float = 10.0) -> None:
     """``await read(workload_id, shadow)`` until one attempt succeeds within ``attempt_s``;
     each failure calls ``on_failure`` (a metric) and waits, doubling from 0.5 s up to
-    ``max_backoff_s``."""
-    delay = 0.5
+    ``max_backoff_s``, with jitter (:func:`fx_kafka.retry.jittered_backoff_s`)."""
+    attempt = 0
     while True:
+        delay = jittered_backoff_s(attempt + 1, base_s=0.5, cap_s=max_backoff_s)
         try:
             await asyncio.wait_for(read(workload_id, shadow), attempt_s)
             return
@@ -53,7 +55,7 @@ async def catch_up(read: Callable[[str, str | None], Awaitable[None]], workload_
             log.error("could not catch up on claims/spec of %s: %r; retrying in %.1f s "
                       "(no request of it is decided meanwhile)", workload_id, exc, delay)
         await asyncio.sleep(delay)
-        delay = min(delay * 2, max_backoff_s)
+        attempt += 1
 
 
 class ClaimsSpecReader:

@@ -42,9 +42,10 @@ from aiokafka.errors import KafkaError
 
 from broker_schema import topics
 from fx_kafka.client import make_consumer
-from fx_kafka.retry import backoff_s, broker_unavailable
+from fx_kafka.retry import broker_unavailable, jittered_backoff_s
 from workload_sdk._api import Workload
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder
+from workload_sdk._holder_watch import ClaimWatch
 
 if TYPE_CHECKING:
     from workload_sdk._holder_metrics import HolderMetrics
@@ -162,6 +163,8 @@ class HolderElection:
         self._failures = 0
         self._retry_at = 0.0
         self._joined = False
+        #: reads ``.claims`` for ``/readyz``; shared with the holders this candidate runs
+        self.watch = ClaimWatch(config.bootstrap, config.workload_id)
 
     @property
     def holding(self) -> bool:
@@ -177,13 +180,23 @@ class HolderElection:
         return self.holder.epoch or 0
 
     def status(self) -> dict[str, Any]:
-        """For ``/readyz``: while elected and holding, the holder's (:meth:`LeaseHolder.status`);
-        otherwise ``standby``, ready once this candidate is in the election group."""
+        """For ``/readyz``: while elected and holding, the holder's (:meth:`LeaseHolder.status`:
+        ``leader`` once its claim is confirmed, ``candidate`` before; ``candidate`` too while
+        it stops after losing the election); otherwise ``standby``, ready while this candidate
+        is in the election group and the broker answers (``starting`` before it joined)."""
         if self.holding and self.holder is not None:
-            return {**self.holder.status(), "elected": self._elected}
-        return {"ready": self._joined, "role": "standby" if self._joined else "starting",
+            body = {**self.holder.status(), "elected": self._elected}
+            if not self._elected:
+                body.update(ready=False, role="candidate")
+            return body
+        broker = self.watch.broker_ok()
+        body = {"ready": self._joined and broker,
+                "role": "standby" if self._joined else "starting", "broker": broker,
                 "workload": self.config.workload_id, "holder_id": self.config.holder_id,
                 "epoch": None, "seq": None, "elected": self._elected}
+        if self.watch.error is not None:
+            body["broker_error"] = self.watch.error
+        return body
 
     @property
     def elected(self) -> bool:
@@ -216,7 +229,7 @@ class HolderElection:
 
     def _start_holder(self) -> None:
         self._holder_stop = asyncio.Event()
-        self.holder = LeaseHolder(self.workload, self.config, self.metrics)
+        self.holder = LeaseHolder(self.workload, self.config, self.metrics, watch=self.watch)
         self.stats.terms += 1
         self.stats.elected_at.append(time.monotonic())
         self._task = asyncio.create_task(self.holder.run(self._holder_stop))
@@ -238,7 +251,7 @@ class HolderElection:
         if isinstance(exc, Fenced):
             self.stats.fenced += 1
             self._failures += 1
-            delay = backoff_s(self._failures, cap_s=self.election.retry_cap_s)
+            delay = jittered_backoff_s(self._failures, cap_s=self.election.retry_cap_s)
             self._retry_at = time.monotonic() + delay
             log.warning("%s: holder of %s ended fenced (%s); trying again in %.1f s if still "
                         "elected", self.config.holder_id, self.config.workload_id, exc, delay)
@@ -271,7 +284,7 @@ class HolderElection:
                 if stop.is_set():
                     return None
                 attempt += 1
-                delay = backoff_s(attempt, cap_s=self.election.retry_cap_s)
+                delay = jittered_backoff_s(attempt, cap_s=self.election.retry_cap_s)
                 log.warning("%s: broker unavailable for the election of %s (%r); trying again "
                             "in %.1f s", self.config.holder_id, self.config.workload_id, exc,
                             delay)
@@ -282,6 +295,14 @@ class HolderElection:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take part until ``stop`` is set: hold the lease while elected, stand by otherwise."""
+        watching = asyncio.create_task(self.watch.run(stop))
+        try:
+            await self._run(stop)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         consumer = await self._start_consumer(stop)
         if consumer is None:
             return

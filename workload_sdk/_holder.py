@@ -130,6 +130,7 @@ from workload_sdk._holder_start import (
     wait_for_placement,
 )
 from workload_sdk._holder_trim import PeriodicTrim
+from workload_sdk._holder_watch import ClaimWatch, holder_role
 from workload_sdk._kafka_io import read_resume_log
 from workload_sdk._observe import PendingRequest
 from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
@@ -175,9 +176,15 @@ class LeaseHolder:
     """
 
     def __init__(self, workload: Workload, config: HolderConfig,
-                 metrics: HolderMetrics | None = None) -> None:
+                 metrics: HolderMetrics | None = None, *,
+                 watch: ClaimWatch | None = None) -> None:
         self.workload = workload
         self.config = config
+        #: reads ``.claims`` for ``/readyz`` (the election's, else one run by :meth:`run`)
+        self.watch = watch or ClaimWatch(config.bootstrap, config.workload_id)
+        self._own_watch = watch is None
+        #: when this holder's claim (or the rejoin of its epoch) was written (monotonic)
+        self.claimed_at: float | None = None
         #: updated by this shell from what the pure code returns (None: no metrics)
         self.metrics = metrics
         self.epoch = 0
@@ -217,13 +224,19 @@ class LeaseHolder:
         self._ticks = TickRejects(config, self.stats, metrics)
 
     def status(self) -> dict[str, Any]:
-        """For ``/readyz``: ``ready`` (the lease claimed, the log resumed and merging), the
-        role (``leader`` or ``starting``: claiming, resuming, or restarting from the log after
-        a broker outage), the epoch and the next merge seq."""
-        ready = self.ready.is_set()
-        body = {"ready": ready, "role": "leader" if ready else "starting",
+        """For ``/readyz``: ``ready`` while the role is ``leader`` (merging, the broker
+        answering, its claim confirmed on ``.claims``: :func:`~workload_sdk._holder_watch.
+        holder_role`), else ``candidate`` (claiming, resuming, restarting from the log after
+        a broker outage, or waiting for its claim to be confirmed); whether the broker answers;
+        the epoch and the next merge seq."""
+        role = holder_role(merging=self.ready.is_set(), claimed_at=self.claimed_at,
+                           epoch=self.epoch, holder_id=self.config.holder_id,
+                           view=self.watch.view, now=self.watch.clock())
+        body = {"ready": role == "leader", "role": role, "broker": self.watch.broker_ok(),
                 "workload": self.config.workload_id, "holder_id": self.config.holder_id,
                 "epoch": self.epoch, "seq": None if self.core is None else self.core.seq}
+        if self.watch.error is not None:
+            body["broker_error"] = self.watch.error
         if self.problem is not None:
             body["problem"] = self.problem
         return body
@@ -249,6 +262,7 @@ class LeaseHolder:
                               spec_offset=spec_offset, holder_key=self._holder_key_text)
             if kept is not None:
                 self.epoch = kept
+                self.claimed_at = time.monotonic()
                 log.info("rejoined %s at epoch %d (spec offset %d)", cfg.workload_id,
                          self.epoch, spec_offset)
                 self.observer.lease(True, self.epoch)
@@ -260,6 +274,7 @@ class LeaseHolder:
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
                             forced=tuple(forced or ()), holder_key=self._holder_key_text)
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
+        self.claimed_at = time.monotonic()
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,
                  spec_offset)
         self.observer.lease(True, self.epoch)
@@ -339,10 +354,15 @@ class LeaseHolder:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Claim the workload, resume it, and merge until ``stop`` is set; restart from the log
         in this process after a broker outage (see the module docstring)."""
+        stop = stop or asyncio.Event()
+        watching = (asyncio.create_task(self.watch.run(stop)) if self._own_watch else None)
         try:
-            await self._run(stop or asyncio.Event())
+            await self._run(stop)
         finally:
             self.observer.lease(False, self.epoch)
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
 
     async def _run(self, stop: asyncio.Event) -> None:
         rejoin: int | None = None
@@ -374,6 +394,7 @@ class LeaseHolder:
     def _forget(self) -> None:
         """Drop every piece of in-memory state (a restart rebuilds it from the log)."""
         self.ready.clear()
+        self.claimed_at = None
         self.observer.lease(False, self.epoch)
         self.spec = None
         self.core = None

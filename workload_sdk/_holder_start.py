@@ -27,7 +27,7 @@ from broker_schema import (
 )
 from broker_schema.binding import MAX_EPOCH, claim_problem, next_epoch, switch_problem
 from broker_schema.streams import OutRecord
-from fx_kafka.retry import backoff_s, broker_unavailable
+from fx_kafka.retry import broker_unavailable, jittered_backoff_s
 from fx_kafka.workload_log import WorkloadLog, read_facts, read_topic
 from workload_sdk._api import Workload
 from workload_sdk._holder_config import HOLDER_LOG as log
@@ -199,7 +199,7 @@ class Restarts:
 
     def delay_s(self) -> float:
         """How long to wait before the next start."""
-        delay = backoff_s(self.attempt, cap_s=5.0)
+        delay = jittered_backoff_s(self.attempt, cap_s=5.0)
         if self.fenced:  # a successor writes its claim right after fencing: let it land first
             delay = max(delay, FENCE_SETTLE_S)
         return delay

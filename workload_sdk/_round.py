@@ -11,8 +11,8 @@ so what the golden logs show is what the holder does, not what a copy of it does
   the holder stores before committing);
 - :func:`outcomes_due`: the ``timeout``/``unknown`` records to write for pending effects, judged
   against the broker time of the latest ``.resp`` record merged;
-- :func:`alarms_for`: the alarm to write with each ``unknown`` of an ``at-most-once`` kind, in
-  the same transaction;
+- :func:`alarms_for`: the alarm to write with each ``unknown`` of an ``at-most-once`` kind and
+  each ``timeout`` of an actuation kind, in the same transaction;
 - :func:`tick_due`: whether to append a tick (a clock marker) so that broker time moves when a
   deadline, a lease end or a backpressure pause is passed and nothing else would show it.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_schema import (
+    HOLDER_OUTCOMES,
     AlarmRecord,
     ChunkRef,
     EffectRequest,
@@ -201,30 +202,41 @@ def alarms_for(outcomes: Iterable[ResponseRecord], core: Core, spec: SpecRecord,
                reissues: Mapping[str, str], accepted_by: Mapping[str, str], holder_id: str,
                now_us: int) -> list[AlarmRecord]:
     """The alarms to write with ``outcomes`` (before they are merged: their effects are still
-    pending in ``core``): one per ``unknown`` of a kind the spec declares ``at-most-once``. The
-    holder writes them to ``sys.alarms`` in the transaction of the ``unknown`` records, so an
-    alarm exists exactly when its ``unknown`` does (a successor that re-judges an uncommitted
-    outcome writes both again, once). ``reissues``: effect id -> the original it re-asks;
-    ``accepted_by``: effect id -> the node of its latest ``accepted`` (people only)."""
+    pending in ``core``): one per ``unknown`` of a kind the spec declares ``at-most-once``, and
+    one per ``timeout`` of any kind the spec declares a guarantee for (an actuation that no
+    gateway took by its deadline: the device was not set). The holder writes them to
+    ``sys.alarms`` in the transaction of the outcome records, so an alarm exists exactly when
+    its outcome does (a successor that re-judges an uncommitted outcome writes both again,
+    once). ``reissues``: effect id -> the original it re-asks; ``accepted_by``: effect id -> the
+    node of its latest ``accepted`` (people only)."""
     alarms: list[AlarmRecord] = []
     for response in outcomes:
         pending = core.pending.get(response.effect_id)
-        if response.outcome != "unknown" or pending is None:
+        if pending is None or response.outcome not in HOLDER_OUTCOMES:
             continue
         guarantee = spec.guarantees.get(pending.effect_kind)
-        if guarantee != "at-most-once":
+        if guarantee is None:
             continue
         node = accepted_by.get(response.effect_id)
-        reason = (f"accepted by {node or 'a gateway'}, and no response within its lease of "
-                  f"{pending.lease_ms} ms: the command may have acted. {pending.effect_kind} "
-                  "is at-most-once, so nothing retries it: a person must look")
+        if response.outcome == "unknown":
+            if guarantee != "at-most-once":
+                continue
+            reason = (f"accepted by {node or 'a gateway'}, and no response within its lease of "
+                      f"{pending.lease_ms} ms: the command may have acted. "
+                      f"{pending.effect_kind} is at-most-once, so nothing retries it: a person "
+                      "must look")
+        else:
+            reason = (f"no gateway accepted it by its deadline ({pending.deadline_ms} ms after "
+                      f"the request): the device was not set by it. {pending.effect_kind} is "
+                      f"{guarantee}; check the gateway serving it and the device")
         alarms.append(AlarmRecord(
             alarm_id=response.effect_id, workload_id=response.header.workload_id,
             header=response.header,
             effect_kind=pending.effect_kind, guarantee=guarantee,
             request_offset=response.request_offset,
             reissue_of=reissues.get(response.effect_id), accepted_by=node, reason=reason,
-            raised_by=holder_id, raised_us=now_us))
+            raised_by=holder_id, raised_us=now_us,
+            cause="unknown" if response.outcome == "unknown" else "timeout"))
     return alarms
 
 

@@ -142,7 +142,12 @@ records: st.SearchStrategy[Any] = st.one_of(
         header=st.just(h), effect_kind=kinds, guarantee=guarantees, request_offset=offsets,
         reissue_of=st.none() | st.just(f"{h.workload_id}/0/0@1"),
         accepted_by=st.none() | node_ids, reason=st.text(max_size=30), raised_by=node_ids,
-        raised_us=offsets)),
+        raised_us=offsets, cause=st.sampled_from(["unknown", "timeout", "device_timeout"]),
+        read_back=st.none() | st.builds(
+            bs.DeviceReadBack, device=st.just("valve-1"),
+            address=st.integers(min_value=0, max_value=65535),
+            wanted=st.integers(min_value=0, max_value=100),
+            value=st.none() | st.integers(min_value=0, max_value=65535)))),
     st.builds(bs.AlarmAckRecord, alarm_id=st.just("cam-1/4/1@2"), acked_by=node_ids,
               note=st.text(max_size=20), acked_us=offsets),
     st.builds(bs.ActuatorMemoryRecord, node_id=node_ids, entry=st.just("epoch"),

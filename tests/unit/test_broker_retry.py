@@ -19,7 +19,7 @@ from aiokafka.errors import (
 )
 
 from broker_schema import ClaimRecord
-from fx_kafka.retry import backoff_s, batch_lost, broker_unavailable
+from fx_kafka.retry import JITTER, backoff_s, batch_lost, broker_unavailable, jittered_backoff_s
 from workload_sdk import Replaced, check_restart, rejoin_epoch
 
 HASH = "sha256:" + "ab" * 32
@@ -45,6 +45,25 @@ def test_a_broken_sequence_needs_a_new_producer_but_is_no_outage() -> None:
 def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_s(a) for a in range(0, 8)] == [0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
     assert backoff_s(10_000, cap_s=7.0) == 7.0
+
+
+def test_jitter_takes_a_drawn_share_off_each_wait() -> None:
+    # u is drawn by the caller: the schedule itself is pure
+    assert backoff_s(3, jitter=0.5, u=0.0) == pytest.approx(0.8)
+    assert backoff_s(3, jitter=0.5, u=1.0) == pytest.approx(0.4)
+    assert backoff_s(3, jitter=0.5, u=0.5) == pytest.approx(0.6)
+    assert backoff_s(0, jitter=0.5, u=0.3) == 0.0
+    with pytest.raises(ValueError):
+        backoff_s(1, jitter=1.5, u=0.1)
+    draws = iter([0.0, 0.999, 0.25])
+    waits = [jittered_backoff_s(20, base_s=0.5, cap_s=10.0, rng=lambda: next(draws))
+             for _ in range(3)]
+    assert waits == pytest.approx([10.0, 5.005, 8.75])
+    # many clients that lost the broker together spread over [cap/2, cap], never past the cap
+    spread = [jittered_backoff_s(9) for _ in range(500)]
+    assert all(JITTER * 5.0 <= w <= 5.0 for w in spread) and max(spread) - min(spread) > 1.0
+    # and the schedule grows: the n-th wait is at least half the un-jittered one
+    assert all(jittered_backoff_s(n) >= backoff_s(n) / 2 for n in range(1, 12))
 
 
 def _claim(epoch: int, holder: str, spec_offset: int = 0) -> ClaimRecord:

@@ -105,7 +105,7 @@ async def test_holder_metrics_show_unread_requests_falling_when_an_executor_star
                 break
             # until then: a stand-by in the election (ready), or claiming and resuming (not)
             assert (status, ready["ready"]) in {(200, True), (503, False)}, ready
-            assert ready["role"] in ("standby", "starting"), ready
+            assert ready["role"] in ("standby", "starting", "candidate"), ready
             assert time.monotonic() < deadline, ready
             await asyncio.sleep(0.2)
         assert ready["workload"] == wid and ready["epoch"] >= 1 and ready["elected"] is True

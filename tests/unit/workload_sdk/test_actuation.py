@@ -166,7 +166,33 @@ def test_an_alarm_goes_with_each_at_most_once_unknown() -> None:
     alarms = alarms_for([outcome(0, "unknown"), outcome(1, "unknown"), outcome(2, "timeout")],
                         core, spec, reissues={"w/1/0@2": "w/0/0@2"},
                         accepted_by={"w/1/0@2": "gw-1"}, holder_id="h", now_us=7)
-    (alarm,) = alarms
+    # the at-most-once unknown and the timeout alarm; the idempotent unknown does not
+    alarm, late = alarms
     assert alarm.alarm_id == "w/1/0@2" and alarm.request_offset == 10
     assert alarm.reissue_of == "w/0/0@2" and alarm.accepted_by == "gw-1"
     assert alarm.guarantee == "at-most-once" and "3000 ms" in alarm.reason
+    assert alarm.cause == "unknown" and alarm.read_back is None
+    assert late.alarm_id == "w/1/2@2" and late.cause == "timeout"
+    assert "deadline (10 ms" in late.reason and late.request_offset == 12
+
+
+def test_a_timeout_alarms_for_actuation_kinds_only() -> None:
+    """A ``timeout`` of a kind the spec declares a guarantee for alarms (idempotent too); a
+    timeout of an inference kind (no guarantee) does not."""
+    spec = SpecRecord(workload_id="w", module_hash=H, effect_kinds=(KIND, "acme:m/n@1.0.0"),
+                      guarantees={KIND: "idempotent"})
+    core = Core.initial(_Idle(), "w")  # type: ignore[arg-type]
+    for index, kind in enumerate((KIND, "acme:m/n@1.0.0")):
+        eid = f"w/1/{index}@2"
+        core.pending[eid] = Pending(effect_id=eid, input_offset=1, index=index, epoch=2,
+                                    effect_kind=kind, deadline_ms=500)
+    outcomes = []
+    for index in (0, 1):
+        header = EffectHeader(workload_id="w", input_offset=1, index=index, epoch=2)
+        outcomes.append(ResponseRecord(effect_id=header.effect_id, header=header,
+                                       request_offset=3 + index, outcome="timeout",
+                                       written_by="h"))
+    (alarm,) = alarms_for(outcomes, core, spec, reissues={}, accepted_by={}, holder_id="h",
+                          now_us=1)
+    assert alarm.alarm_id == "w/1/0@2" and alarm.guarantee == "idempotent"
+    assert alarm.cause == "timeout" and alarm.accepted_by is None
