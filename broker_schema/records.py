@@ -855,7 +855,8 @@ class ShadowEvalRecord(_Model):
     v: Literal[1] = SCHEMA_VERSION
     eval_id: WorkloadId
     workload_id: WorkloadId
-    models: Annotated[dict[str, Hash], Field(min_length=1)]
+    #: the rebinding (may be empty only when ``module_hash`` is set)
+    models: dict[str, Hash]
     mode: Literal["history", "live"]
     from_seq: Offset
     to_seq: Offset | None = None
@@ -864,9 +865,19 @@ class ShadowEvalRecord(_Model):
     deadline_ms: Annotated[int, Field(ge=1, le=2**31 - 1)]
     created_ms: Millis
     created_by: NodeId
+    #: A module change shadowed (``fx shadow --module NEW`` with code other than the steps
+    #: ran): steps ``from_seq`` on fold with this module and ``workload_class`` instead of the
+    #: recorded code (the steps before with the code recorded for them). Left out of the
+    #: canonical bytes when None, as is ``workload_class``.
+    module_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
+    workload_class: ClassName | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_mode(self) -> Self:
+        if not self.models and self.module_hash is None:
+            raise ValueError("an evaluation rebinds a model or shadows a module (or both)")
+        if (self.module_hash is None) != (self.workload_class is None):
+            raise ValueError("module_hash and workload_class go together")
         if self.mode == "history" and (self.to_seq is None or self.to_seq < self.from_seq):
             raise ValueError("a history evaluation needs to_seq >= from_seq")
         if self.mode == "live" and self.window_ms is None:

@@ -4,6 +4,7 @@
 
     fx shadow ID --module M:C --model NAME=HASH [--from SEQ] [--to SEQ]   # over history
     fx shadow ID --module M:C --model NAME=HASH --live --window 10m      # over live traffic
+    fx shadow ID --module NEW.py:C [--model NAME=HASH] [--from SEQ]       # a module change
     fx shadow show EVAL_ID --module M:C [--workload ID]                  # the report again
     fx shadow show EVAL_ID [--workload ID]                               # the recorded summary
 
@@ -180,8 +181,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in streams of its own; fx shadow show EVAL_ID prints a report again",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="+", metavar="ID", help="workload id, or: show EVAL_ID")
-    p.add_argument("--module", help="MODULE:Class: the workload's code (it must hash to the "
-                   "spec's module_hash); show without it prints the recorded summary")
+    p.add_argument("--module", help="MODULE:Class: the workload's code. Code other than "
+                   "the evaluated steps ran shadows a module change (with or without "
+                   "--model); the steps before run the code recorded for them (the module "
+                   "store). show without it prints the recorded summary")
     p.add_argument("--model", action="append", metavar="NAME=HASH",
                    help="rebind a model name for the evaluation (repeatable)")
     p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ",

@@ -512,6 +512,34 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
     return log, settled
 
 
+def _audit_code(bootstrap: str, workload: Workload | None, log: WorkloadLog) -> Code | None:
+    """The code ``fx audit`` replays with: with ``--module``, it and the module store (each
+    range of steps with the module its spec names); without, the module store alone when it
+    holds every module a spec on the log runs (else None: replay is skipped, as before)."""
+    from workload_sdk._module_store import read_modules
+
+    try:
+        code = Code(workload, asyncio.run(read_modules(bootstrap)))
+    except (OSError, TimeoutError) as exc:
+        print(f"fx audit: the module store cannot be read ({exc!r}): replaying with --module "
+              "alone", file=sys.stderr)
+        return None
+    if workload is not None:
+        return code
+    named = [m for rec in log["spec"] if isinstance(s := _decoded(rec.value), SpecRecord)
+             for m in s.module_hashes()]
+    return code if named and all(code.has(m) for m in named) else None
+
+
+def _decoded(value: bytes) -> object:
+    from broker_schema import DecodeError, decode
+
+    try:
+        return decode(value)
+    except DecodeError:
+        return None
+
+
 def _audit(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
@@ -546,8 +574,9 @@ def _audit(args: argparse.Namespace) -> int:
     except (KafkaError, TimeoutError, OSError) as exc:
         print(f"fx audit: cannot read the log of {args.id}: {exc!r}", file=sys.stderr)
         return EXIT_AUDIT_USAGE
+    code = _audit_code(bootstrap, workload, log)
     report = audit(log, workload, key_history=history, clock_skew_ms=args.clock_skew_ms,
-                   merge_settled=settled)
+                   merge_settled=settled, code=code)
     if not settled:
         report.notes.append(f"{topics.stream(args.id, 'merge')} grew while it was read "
                             f"{AUDIT_READS} times (a live holder): outputs past the end of the "
