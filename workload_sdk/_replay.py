@@ -184,19 +184,32 @@ class _Specs:
 def first_workload(workload: Workload | None, code: Code | None, log: WorkloadLog,
                    items: list[tuple[int, MergeEntry | SnapshotRecord]]) -> Workload:
     """The workload whose ``initial_state`` a fold from the start begins with: with ``code``,
-    the code of step 0 under the spec in force for it (the first merge entry's epoch); else
-    ``workload``."""
+    the code of step 0 under the spec in force for it (the first merge entry's epoch; with no
+    entry, the latest claim's spec); else ``workload``."""
     if code is not None:
         first = next((r for _o, r in items if isinstance(r, MergeEntry)), None)
         if first is not None:
             return code.at(_Specs(log)(first.epoch, 0), 0)
-        specs = [r for r in (rec.decode(log["spec"].topic) for rec in log["spec"])
-                 if isinstance(r, SpecRecord)]
-        if workload is None and specs:
-            return code.at(specs[-1], 0)
+        if workload is not None:
+            return workload
+        claims = log.claims()
+        if claims:
+            return code.at(_Specs(log)(claims[-1].epoch, 0), 0)
+        return _CodeOnly()
     if workload is None:
         raise ValueError("no workload and no code to fold with")
     return workload
+
+
+class _CodeOnly(Workload):
+    """Stands for the workload of a core whose every step runs the code :class:`Code` picks
+    (``Core.code``): a log without a step or a claim, or a core restored from a snapshot."""
+
+    def initial_state(self) -> Any:
+        return None
+
+    def step(self, state: Any, event: Any) -> Any:
+        raise AssertionError("a core with code runs each step with Core.code")
 
 
 def replay(
@@ -243,7 +256,10 @@ def replay(
                 chosen = (i, offset, record)
         if chosen is not None:
             i, offset, snap = chosen
-            core = _snapshot_core(first_workload(workload, code, log, items), log, offset, snap)
+            restored = (workload if workload is not None
+                        else _CodeOnly() if code is not None
+                        else first_workload(None, None, log, items))  # raises: nothing to run
+            core = _snapshot_core(restored, log, offset, snap)
             start_index = i + 1
             result_snapshot = (offset, snap.seq)
     if core is None:

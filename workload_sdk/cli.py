@@ -515,7 +515,7 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
 def _audit_code(bootstrap: str, workload: Workload | None, log: WorkloadLog) -> Code | None:
     """The code ``fx audit`` replays with: with ``--module``, it and the module store (each
     range of steps with the module its spec names); without, the module store alone when it
-    holds every module a spec on the log runs (else None: replay is skipped, as before)."""
+    holds every module a claimed spec runs (else None: replay is skipped, as before)."""
     from workload_sdk._module_store import read_modules
 
     try:
@@ -526,18 +526,12 @@ def _audit_code(bootstrap: str, workload: Workload | None, log: WorkloadLog) -> 
         return None
     if workload is not None:
         return code
-    named = [m for rec in log["spec"] if isinstance(s := _decoded(rec.value), SpecRecord)
-             for m in s.module_hashes()]
-    return code if named and all(code.has(m) for m in named) else None
-
-
-def _decoded(value: bytes) -> object:
-    from broker_schema import DecodeError, decode
-
     try:
-        return decode(value)
-    except DecodeError:
+        named = [m for o in sorted({c.spec_offset for c in log.claims()})
+                 if isinstance(s := log["spec"].get(o), SpecRecord) for m in s.module_hashes()]
+    except LogGap:  # the audit reports it
         return None
+    return code if named and all(code.has(m) for m in named) else None
 
 
 def _audit(args: argparse.Namespace) -> int:
