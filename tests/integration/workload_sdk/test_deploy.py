@@ -68,7 +68,7 @@ async def test_deploy_new_code_at_a_step_live_then_resume_replay_audit_why_shado
     refs = {}
     for v in (1, 2, 3):
         path = tmp_path / f"gate_v{v}.py"
-        path.write_text(GATE.format(v=v))
+        path.write_text(GATE.format(v=v) + f"# {wid}\n")  # code no earlier run stored
         refs[v] = f"{path}:Gate"
     hashes = {v: module_hash(load_workload(ref)) for v, ref in refs.items()}
     assert len(set(hashes.values())) == 3
@@ -175,3 +175,48 @@ async def _read_spec(bootstrap: str, wid: str) -> list:  # type: ignore[type-arg
     from fx_kafka.workload_log import read_topic
 
     return list(await read_topic(bootstrap, topics.spec(wid)))
+
+
+async def test_code_that_cannot_be_had_is_refused_in_one_line_and_the_holder_runs_on(
+    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
+) -> None:
+    wid = unique_workload_id
+    refs = {}
+    for v in (1, 3):
+        path = tmp_path / f"gone_v{v}.py"
+        path.write_text(GATE.format(v=v) + f"# {wid}\n")  # code no earlier run stored
+        refs[v] = f"{path}:Gate"
+    v3 = module_hash(load_workload(refs[3]))
+    # the spec's module is not stored (a spec written before the module store existed)
+    async with WorkloadHarness(kafka_bootstrap, wid, refs[1], effect_kinds=(),
+                               log_dir=tmp_path / "logs") as h:
+        holder = h.start_holder("gone-a")
+        for text in ("x0", "x1"):
+            await h.send_input(text)
+        await h.wait_for(lambda lg: len(_outputs(lg)) >= 2, timeout=90, what="2 outputs")
+        # a spec switching to code nobody stored: the holder refuses it and runs on
+        from broker_schema import ModuleSwitch
+
+        bad = h.spec.model_copy(update={"module_switches": (
+            ModuleSwitch(at_step=2, module_hash=v3, workload_class="Gate"),)})
+        await h.append(topics.spec(wid), encode(bad))
+        await h.send_input("x2")
+        log = await h.wait_for(lambda lg: len(_outputs(lg)) >= 3, timeout=90, what="3 outputs")
+        assert _outputs(log)[2][1]["version"] == 1
+        assert not [c for c in _claims(log) if c.from_seq is not None]
+        assert holder.poll() is None
+        h.stop(holder)
+    text = (tmp_path / "logs" / "holder-gone-a.log").read_text()
+    assert "not adopted" in text and "not in the module store sys.modules" in text, text
+    # replay without --module, the code not in the store: one line, exit 4
+    rp = _fx(kafka_bootstrap, "replay", wid)
+    assert rp.returncode == 4 and "not in the module store sys.modules" in rp.stderr, rp.stderr
+    assert "Traceback" not in rp.stderr
+    # with the code at hand it replays
+    assert _fx(kafka_bootstrap, "replay", wid, "--module", refs[1]).returncode == 0
+    # a deploy of a file that is not there
+    gone = _fx(kafka_bootstrap, "workload", "deploy", wid, "--module",
+               str(tmp_path / "nope.py") + ":Gate")
+    assert gone.returncode == 2 and gone.stderr.startswith("fx workload deploy: --module"), \
+        gone.stderr
+    assert "Traceback" not in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
