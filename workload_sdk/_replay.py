@@ -26,7 +26,7 @@ from broker_schema.binding import claim_in_force
 from broker_schema.streams import OutRecord, SourceRecord
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
-from workload_sdk._code import Code
+from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._commands import replay_command
 from workload_sdk._core import Applied, Core, Item
 
@@ -190,12 +190,14 @@ def first_workload(workload: Workload | None, code: Code | None, log: WorkloadLo
         first = next((r for _o, r in items if isinstance(r, MergeEntry)), None)
         if first is not None:
             return code.at(_Specs(log)(first.epoch, 0), 0)
-        if workload is not None:
-            return workload
         claims = log.claims()
-        if claims:
-            return code.at(_Specs(log)(claims[-1].epoch, 0), 0)
-        return _CodeOnly()
+        if claims:  # no step yet: the code of step 0 under the latest claim's spec
+            try:
+                return code.at(_Specs(log)(claims[-1].epoch, 0), 0)
+            except ModuleUnavailable:
+                if workload is None:
+                    raise
+        return _CodeOnly() if workload is None else workload
     if workload is None:
         raise ValueError("no workload and no code to fold with")
     return workload

@@ -250,12 +250,15 @@ def _store_code(bootstrap: str, workload: Workload) -> None:
     """Keep the spec's module in the module store (``sys.modules``), so a later holder, replay or
     audit can run the steps it runs after the workload's code changed (``fx workload
     deploy``). Code without a UTF-8 source file is said, not stored."""
+    from aiokafka.errors import KafkaError
+
     from workload_sdk._module_store import module_record, store_module
 
     try:
         asyncio.run(store_module(bootstrap, module_record(workload)))
-    except ValueError as exc:
-        print(f"module not stored in {topics.MODULES}: {exc}", file=sys.stderr, flush=True)
+    except (ValueError, KafkaError, OSError) as exc:
+        print(f"module not stored in {topics.MODULES}: {exc!r} (fx workload deploy stores it "
+              "later)", file=sys.stderr, flush=True)
 
 
 def _code(bootstrap: str, workload: Workload | None) -> Code:
