@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from broker_schema import EncodeError, ModuleSwitch, SpecRecord, encode, topics
 from fx_kafka.client import make_producer
+from fx_kafka.workload_log import LogGap, read_topic
 from fx_kafka.workloads import needs_workload
 from workload_sdk._bindings import BindingChangeError, current_state
+from workload_sdk._holder_start import read_claims
 from workload_sdk._loader import load_workload
 from workload_sdk._module_store import module_record, store_module
 
@@ -47,10 +49,22 @@ class Deployed:
 
 
 def plan_deploy(spec: SpecRecord, module: str, workload_class: str, at_step: int,
-                next_seq: int) -> SpecRecord:
+                next_seq: int, in_force: SpecRecord | None = None) -> SpecRecord:
     """The spec that runs ``module`` (class ``workload_class``) from step ``at_step`` on: ``spec``
-    plus one module switch. :class:`DeployError` when the step is passed (``next_seq``: the
-    workload's next step), not after the latest switch, or the code already runs there."""
+    (the latest on ``.spec``) plus one module switch. :class:`DeployError` when the step is
+    passed (``next_seq``: the workload's next step), not after the latest switch, or the code
+    already runs there.
+
+    ``in_force``: the spec the latest claim names. The code of the steps taken is its code
+    (its ``module_hash`` and its switches before ``next_seq``), whatever a later spec that was
+    never adopted says of them (one refused because its step was passed when the holder saw it,
+    or one naming another module): the new spec keeps that history, so the running holder can
+    adopt it. Everything else comes from ``spec``."""
+    if in_force is not None:
+        spec = spec.model_copy(update={
+            "module_hash": in_force.module_hash,
+            "module_switches": tuple(s for s in in_force.module_switches if s.at_step < next_seq)
+            + tuple(s for s in spec.module_switches if s.at_step >= next_seq)})
     if at_step < next_seq:
         raise DeployError(f"step {at_step} is already passed: the workload's next step is "
                           f"{next_seq} (new code runs from {next_seq} or later; steps taken "
@@ -78,7 +92,8 @@ async def deploy(bootstrap: str, workload_id: str, ref: str, at_step: int | None
     except BindingChangeError as exc:
         raise DeployError(str(exc)) from None
     step = next_seq if at_step is None else at_step
-    new_spec = plan_deploy(spec, record.module_hash, record.workload_class, step, next_seq)
+    new_spec = plan_deploy(spec, record.module_hash, record.workload_class, step, next_seq,
+                           await _in_force(bootstrap, workload_id))
     try:
         value = encode(new_spec)
         module_offset = await store_module(bootstrap, record)
@@ -92,6 +107,19 @@ async def deploy(bootstrap: str, workload_id: str, ref: str, at_step: int | None
         await producer.stop()
     return Deployed(record.module_hash, record.workload_class, module_offset, step,
                     int(meta.offset), next_seq)
+
+
+async def _in_force(bootstrap: str, workload_id: str) -> SpecRecord | None:
+    """The spec the latest claim on ``.claims`` names (None: no claim, or it cannot be read)."""
+    claims = await read_claims(bootstrap, workload_id)
+    if not claims:
+        return None
+    view = await read_topic(bootstrap, topics.spec(workload_id))
+    try:
+        spec = view.get(claims[-1].spec_offset)
+    except LogGap:
+        return None
+    return spec if isinstance(spec, SpecRecord) else None
 
 
 def _deploy(args: argparse.Namespace) -> int:

@@ -204,6 +204,14 @@ async def test_code_that_cannot_be_had_is_refused_in_one_line_and_the_holder_run
         log = await h.wait_for(lambda lg: len(_outputs(lg)) >= 3, timeout=90, what="3 outputs")
         assert _outputs(log)[2][1]["version"] == 1
         assert not [c for c in _claims(log) if c.from_seq is not None]
+        # deployed properly (stored, from the next step), the same code is adopted: the
+        # refused spec's switch at a passed step is not the code of the steps taken
+        dep = _fx(kafka_bootstrap, "workload", "deploy", wid, "--module", refs[3])
+        assert dep.returncode == 0 and "runs steps 3 and later" in dep.stdout, dep.stderr
+        await h.send_input("x3")
+        log = await h.wait_for(lambda lg: len(_outputs(lg)) >= 4, timeout=90, what="4 outputs")
+        assert _outputs(log)[3][1]["version"] == 3
+        assert [c.from_seq for c in _claims(log) if c.from_seq is not None] == [3]
         assert holder.poll() is None
         h.stop(holder)
     text = (tmp_path / "logs" / "holder-gone-a.log").read_text()

@@ -107,3 +107,20 @@ def test_plan_deploy_adds_one_switch_from_a_step_not_taken() -> None:
         plan_deploy(planned, _record(3).module_hash, "Gate", 7, 5)
     with pytest.raises(DeployError, match="already runs"):
         plan_deploy(planned, v2.module_hash, "Gate", 9, 5)
+
+
+def test_plan_deploy_keeps_the_code_history_of_the_spec_in_force() -> None:
+    v2, v3 = _record(2), _record(3)
+    in_force = _spec()
+    # a later spec the holder refused: its switch at step 4 was passed when it was seen
+    refused = plan_deploy(in_force, v3.module_hash, "Gate", 4, 4)
+    planned = plan_deploy(refused, v2.module_hash, "Gate", 9, 8, in_force)
+    assert planned.module_switches == (ModuleSwitch(at_step=9, module_hash=v2.module_hash,
+                                                    workload_class="Gate"),)
+    # a spec naming another module that no step ran does not become the code of steps taken
+    stray = in_force.model_copy(update={"module_hash": v3.module_hash})
+    assert plan_deploy(stray, v2.module_hash, "Gate", 9, 8, in_force).module_at(0) == (A, None)
+    # switches not reached yet stay
+    later = plan_deploy(in_force, v3.module_hash, "Gate", 20, 8)
+    assert plan_deploy(later, v2.module_hash, "Gate", 30, 8, in_force).module_at(25)[0] \
+        == v3.module_hash
