@@ -144,7 +144,9 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
                    summary=_body_text(rec.body))
     if isinstance(rec, SpecRecord):
         return Row(**base, kind="spec",  # type: ignore[arg-type]
-                   summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}")
+                   summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}"
+                   + "".join(f"; code {sw.module_hash[:19]}… ({sw.workload_class}) from step "
+                             f"{sw.at_step}" for sw in rec.module_switches))
     if isinstance(rec, ClaimRecord):
         adopted = "" if rec.from_seq is None else f", adopted from step {rec.from_seq}"
         return Row(**base, kind="claim", epoch=rec.epoch,  # type: ignore[arg-type]
@@ -443,7 +445,9 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
             [f"holder {c['holder_id']}", f"spec .spec@{s['offset']} module "
              f"{s['module_hash'][:19]}…", f"models {models}"]
             + ([f"binding switched at input offset {s['binding_switch_at']}"]
-               if s.get("binding_switch_at") is not None else []),
+               if s.get("binding_switch_at") is not None else [])
+            + ([f"code deployed at step {s['module_switch_at']} ({s['workload_class']})"]
+               if s.get("module_switch_at") is not None else []),
             "binding", href("claims", c["offset"]))))
         if "input" in node:
             i = node["input"]
