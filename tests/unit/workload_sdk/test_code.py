@@ -124,3 +124,13 @@ def test_plan_deploy_keeps_the_code_history_of_the_spec_in_force() -> None:
     later = plan_deploy(in_force, v3.module_hash, "Gate", 20, 8)
     assert plan_deploy(later, v2.module_hash, "Gate", 30, 8, in_force).module_at(25)[0] \
         == v3.module_hash
+
+
+def test_the_console_names_a_spec_s_module_switches() -> None:
+    from console.views import row_of
+
+    v2 = _record(2)
+    spec = plan_deploy(_spec(), v2.module_hash, "Gate", 12, 3)
+    row = row_of("spec", 1, 0, encode(spec))
+    assert f"code {v2.module_hash[:19]}… (Gate) from step 12" in row.summary, row.summary
+    assert "code " not in row_of("spec", 0, 0, encode(_spec())).summary
