@@ -124,3 +124,12 @@ class Code:
         wanted = [spec.module_at(from_seq)[0]] + [s.module_hash for s in spec.module_switches
                                                   if s.at_step > from_seq]
         return [m for m in dict.fromkeys(wanted) if not self.has(m)]
+
+    def problem(self, spec: SpecRecord, from_seq: int = 0) -> str | None:
+        """Why ``spec`` cannot run from step ``from_seq`` on (:meth:`missing`), or None."""
+        absent = self.missing(spec, from_seq)
+        if not absent:
+            return None
+        return (f"runs module {', '.join(absent)} from step {from_seq} on, which is neither the "
+                f"code at hand nor in the module store {topics.MODULES} (fx workload deploy "
+                "stores it)")

@@ -103,7 +103,7 @@ from fx_kafka.workload import (
 )
 from workload_sdk._api import Workload
 from workload_sdk._broker_clock import BrokerClock
-from workload_sdk._code import Code, ModuleUnavailable
+from workload_sdk._code import Code
 from workload_sdk._core import (
     Core,
     Item,
@@ -281,19 +281,13 @@ class LeaseHolder:
         wl, positions = await read_resume_log(cfg.bootstrap, cfg.workload_id,
                                               resolver=self._refs.resolver)
         self.stats.resumed_from = dict(positions)
-        try:
-            resumed = resumed_state(self.workload, wl, code=self.code)
-        except ModuleUnavailable as exc:
-            raise NoSpec(f"cannot replay the log: {exc}") from exc
+        resumed = resumed_state(self.workload, wl, code=self.code)
         result, missing = resumed.result, resumed.missing
         self.core = result.core
         assert self.spec is not None
-        absent = self.code.missing(self.spec, self.core.seq)
-        if absent and cfg.check_module:
-            raise NoSpec(f"the spec at offset {self._spec_offset} runs module "
-                         f"{', '.join(absent)} from step {self.core.seq} on, which is neither "
-                         f"the code at hand nor in the module store (fx workload deploy stores "
-                         "it)")
+        problem = self.code.problem(self.spec, self.core.seq)
+        if problem is not None and cfg.check_module:
+            raise NoSpec(f"the spec at offset {self._spec_offset} {problem}")
         self._out_end = wl["out"].end
         self._requests.update(resumed.requests)
         self._written_outcomes.update(resumed.written_outcomes)
@@ -424,10 +418,10 @@ class LeaseHolder:
                                        transactional_id=transactional_id_for(cfg.workload_id))
         await self._producer.start()
         self._refs = HolderRefs(cfg, self.stats)
-        self.code = Code(self.workload, await read_modules(cfg.bootstrap))
         consumer = None
         jobs: list[asyncio.Task[None]] = []  # the holder's other jobs, for this run
         try:
+            self.code = Code(self.workload, await read_modules(cfg.bootstrap))
             await self._claim(rejoin, forced)
             await self._resume()
             assert self.core is not None
