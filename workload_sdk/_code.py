@@ -69,11 +69,18 @@ class Code:
     first needs it, so a spec that names a module no step runs never needs its code."""
 
     def __init__(self, given: Workload | None,
-                 store: Mapping[str, ModuleRecord] | None = None) -> None:
+                 store: Mapping[str, ModuleRecord] | None = None, *,
+                 fallback: bool = False) -> None:
         self.given = given
         self.given_hash = None if given is None else module_hash(given)
         self._store: dict[str, ModuleRecord] = dict(store or {})
         self._loaded: dict[tuple[str, str | None], Workload] = {}
+        #: run ``given`` for a module the store lacks, as replay did before the module store
+        #: (``fx replay``/``fx audit --module``: they say so, from :attr:`stood_in`); never the
+        #: holder's choice
+        self.fallback = fallback
+        #: the modules ``given`` stood in for
+        self.stood_in: set[str] = set()
 
     def add(self, records: Iterable[ModuleRecord]) -> None:
         """Module records read from the store since (the latest per hash wins)."""
@@ -103,6 +110,10 @@ class Code:
                 found = cls()
         else:
             record = self._store.get(module)
+            if record is None and self.fallback and given is not None:
+                self.stood_in.add(module)
+                self._loaded[key] = given
+                return given
             if record is None:
                 raise ModuleUnavailable(
                     f"module {module} is not in the module store {topics.MODULES}" +

@@ -262,10 +262,19 @@ def _store_code(bootstrap: str, workload: Workload) -> None:
 
 
 def _code(bootstrap: str, workload: Workload | None) -> Code:
-    """The code each step ran: ``workload`` (``--module``, if given) and the module store."""
+    """The code each step ran: the module store, and ``workload`` (``--module``, if given),
+    which also stands in for a module the store lacks (said by :func:`_stood_in`)."""
     from workload_sdk._module_store import read_modules
 
-    return Code(workload, asyncio.run(read_modules(bootstrap)))
+    return Code(workload, asyncio.run(read_modules(bootstrap)), fallback=True)
+
+
+def _stood_in(code: Code) -> str | None:
+    """What to say when ``--module`` ran steps whose own code is not in the module store."""
+    if not code.stood_in:
+        return None
+    return (f"note: module {', '.join(sorted(code.stood_in))} is not in the module store "
+            f"{topics.MODULES}: its steps ran --module ({code.given_hash}) instead")
 
 
 def _input(args: argparse.Namespace) -> int:
@@ -360,6 +369,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"replay cannot run the step: {exc}", file=sys.stderr)
         return EXIT_MISMATCH
     core = result.core
+    if (said := _stood_in(code)) is not None:
+        print(said, file=sys.stderr)
     summary = {
         "workload_id": args.id,
         "seq": core.seq,
@@ -522,7 +533,7 @@ def _audit_code(bootstrap: str, workload: Workload | None, log: WorkloadLog) -> 
     from workload_sdk._module_store import read_modules
 
     try:
-        code = Code(workload, asyncio.run(read_modules(bootstrap)))
+        code = Code(workload, asyncio.run(read_modules(bootstrap)), fallback=True)
     except (OSError, TimeoutError) as exc:
         print(f"fx audit: the module store cannot be read ({exc!r}): replaying with --module "
               "alone", file=sys.stderr)
@@ -574,6 +585,8 @@ def _audit(args: argparse.Namespace) -> int:
     code = _audit_code(bootstrap, workload, log)
     report = audit(log, workload, key_history=history, clock_skew_ms=args.clock_skew_ms,
                    merge_settled=settled, code=code)
+    if code is not None and (said := _stood_in(code)) is not None:
+        report["replay"].note(said.removeprefix("note: "))
     if not settled:
         report.notes.append(f"{topics.stream(args.id, 'merge')} grew while it was read "
                             f"{AUDIT_READS} times (a live holder): outputs past the end of the "

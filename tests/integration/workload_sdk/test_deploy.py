@@ -222,6 +222,11 @@ async def test_code_that_cannot_be_had_is_refused_in_one_line_and_the_holder_run
     assert "Traceback" not in rp.stderr
     # with the code at hand it replays
     assert _fx(kafka_bootstrap, "replay", wid, "--module", refs[1]).returncode == 0
+    # other code at hand stands in for the missing module, as before the store, and it is said
+    # (here it computes other outputs than were recorded: exit 4)
+    stand_in = _fx(kafka_bootstrap, "replay", wid, "--module", refs[3])
+    assert stand_in.returncode == 4, stand_in.stderr
+    assert f"its steps ran --module ({v3}) instead" in stand_in.stderr, stand_in.stderr
     # a deploy of a file that is not there
     gone = _fx(kafka_bootstrap, "workload", "deploy", wid, "--module",
                str(tmp_path / "nope.py") + ":Gate")
