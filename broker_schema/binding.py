@@ -119,7 +119,7 @@ def switch_problem(current: SpecRecord, new: SpecRecord, next_seq: int) -> str |
         if new.module_at(step)[0] != current.module_at(step)[0]:
             return (f"the spec runs other code at step {step}, which is passed (the next step "
                     f"is {next_seq}): new code takes effect at {next_seq} or later "
-                    "(fx workload deploy ID --module FILE:Class records it at a step)")
+                    "(fx workload deploy records new code at a step)")
     if (new.local_models != current.local_models
             or new.local_max_tokens_per_step != current.local_max_tokens_per_step):
         return ("the spec changes its mode A models or limits: a running holder does not "

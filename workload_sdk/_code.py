@@ -119,8 +119,8 @@ class Code:
                     f"module {module} is not in the module store {topics.MODULES}" +
                     ("" if self.given_hash is None else
                      f" (the code at hand hashes to {self.given_hash})") +
-                    ": store it with fx workload deploy ID --module FILE:Class (the file "
-                    "whose sha256 it is), or pass that code as --module")
+                    ": fx workload deploy stores the file whose sha256 it is; or pass that "
+                    "code as --module")
             found = load_module_source(record, workload_class)
         self._loaded[key] = found
         return found
