@@ -233,3 +233,9 @@ async def test_code_that_cannot_be_had_is_refused_in_one_line_and_the_holder_run
     assert gone.returncode == 2 and gone.stderr.startswith("fx workload deploy: --module"), \
         gone.stderr
     assert "Traceback" not in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
+    # fx workload spec keeps its module in the store too: now replay needs no --module
+    spec = _fx(kafka_bootstrap, "workload", "spec", wid, "--module", refs[1])
+    assert spec.returncode == 0, spec.stderr
+    rp = _fx(kafka_bootstrap, "replay", wid, "--json")
+    assert rp.returncode == 0, rp.stderr
+    assert json.loads(rp.stdout)["state"] == {"n": 4}
