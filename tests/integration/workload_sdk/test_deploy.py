@@ -239,3 +239,18 @@ async def test_code_that_cannot_be_had_is_refused_in_one_line_and_the_holder_run
     rp = _fx(kafka_bootstrap, "replay", wid, "--json")
     assert rp.returncode == 0, rp.stderr
     assert json.loads(rp.stdout)["state"] == {"n": 4}
+    # the path: a spec naming another module, then a fresh holder with that code. It
+    # claims with that spec from its epoch's first step; the steps before keep their code
+    # (replayed from the store), so it resumes instead of disagreeing with the log
+    again = _fx(kafka_bootstrap, "workload", "spec", wid, "--module", refs[3])
+    assert again.returncode == 0, again.stderr
+    async with WorkloadHarness(kafka_bootstrap, wid, refs[3], effect_kinds=(),
+                               log_dir=tmp_path / "logs2") as h2:  # (its spec: that code)
+        fresh = h2.start_holder("gone-b")
+        await h2.send_input("x4")
+        log = await h2.wait_for(lambda lg: len(_outputs(lg)) >= 5, timeout=90, what="5 outputs")
+        assert _outputs(log)[4][1] == {"version": 3, "n": 5, "text": "x4"}
+        assert fresh.poll() is None
+        h2.stop(fresh)
+    rp = _fx(kafka_bootstrap, "replay", wid, "--from-start", "--json")
+    assert rp.returncode == 0 and json.loads(rp.stdout)["state"] == {"n": 5}, rp.stderr
