@@ -134,3 +134,43 @@ def test_the_console_names_a_spec_s_module_switches() -> None:
     row = row_of("spec", 1, 0, encode(spec))
     assert f"code {v2.module_hash[:19]}… (Gate) from step 12" in row.summary, row.summary
     assert "code " not in row_of("spec", 0, 0, encode(_spec())).summary
+
+
+def test_the_simulated_holder_and_replay_run_each_range_with_its_code() -> None:
+    from broker_schema import OutputRecord, decode
+    from tests.unit.workload_sdk.sim import WID, Sim
+    from workload_sdk._replay import compare_outputs, replay
+
+    source = ('from workload_sdk import Workload, emit\n\n\nclass Gate(Workload):\n'
+              '    def initial_state(self):\n        return 0\n\n'
+              '    def step(self, state, event):\n'
+              '        return state + 1, [emit({{"v": {v}, "n": state + 1}})]\n')
+    recs = {}
+    for v in (1, 2):
+        src = source.format(v=v)
+        recs[v] = ModuleRecord(module_hash=sha256_hex(src.encode()), workload_class="Gate",
+                               filename=f"g{v}.py", source=src, written_by="t", written_us=1)
+    store = {r.module_hash: r for r in recs.values()}
+    spec = plan_deploy(SpecRecord(workload_id=WID, module_hash=recs[1].module_hash,
+                                  effect_kinds=(), snapshot_every=2),
+                       recs[2].module_hash, "Gate", 3, 0)
+    sim = Sim(spec=spec, workload=load_module_source(recs[1]), code=Code(None, store))
+    sim.start()
+    for i in range(3):
+        sim.input(i)
+    assert sim.holder is not None
+    sim.holder.drain()
+    sim.start()  # a new holder resumes: the first range replayed with the first code
+    for i in range(3, 6):
+        sim.input(i)
+    sim.holder.drain()
+    outs = sorted((o.header.input_offset, o.body.data) for o in
+                  (decode(r.value) for r in sim.log["out"]) if isinstance(o, OutputRecord))
+    assert [d for _s, d in outs] == [{"v": 1, "n": 1}, {"v": 1, "n": 2}, {"v": 1, "n": 3},
+                                     {"v": 2, "n": 4}, {"v": 2, "n": 5}, {"v": 2, "n": 6}]
+    for snapshots in (True, False):
+        result = replay(None, sim.log, use_snapshots=snapshots, code=Code(None, store))
+        assert compare_outputs(result, sim.log) == [] and result.core.state == 6
+    # with one module for every step (as before the store), the second range differs
+    alone = replay(load_module_source(recs[1]), sim.log, use_snapshots=False)
+    assert len(compare_outputs(alone, sim.log)) == 3
