@@ -27,6 +27,7 @@ from typing import Any
 from fx_kafka.client import bootstrap_of
 from fx_kafka.workload_log import LogGap
 from fx_kafka.workloads import check_workload
+from workload_sdk._code import ModuleUnavailable
 from workload_sdk._commands import MODULE_PLACEHOLDER, show_command
 from workload_sdk._loader import load_workload
 
@@ -134,7 +135,8 @@ def _shadow(args: argparse.Namespace) -> int:
                 bootstrap, workload, targets[0], rebind, from_seq=args.from_seq,
                 to_seq=args.to_seq, eval_id=args.eval_id, deadline_ms=args.deadline_ms,
                 outstanding=args.outstanding, timeout_s=args.timeout_s, progress=_progress))
-    except (ShadowError, ValueError, ImportError, AttributeError, TypeError) as exc:
+    except (ShadowError, ModuleUnavailable, ValueError, ImportError, AttributeError,
+            TypeError) as exc:
         print(f"fx shadow: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LogGap as exc:
