@@ -27,6 +27,7 @@ __all__ = [
     "claim_problem",
     "epoch_after",
     "epoch_refused",
+    "module_in_force",
     "next_epoch",
     "shadow_models",
     "shadow_spec",
@@ -105,15 +106,20 @@ def spec_in_force(claims: Iterable[ClaimRecord], specs: Mapping[int, SpecRecord]
 
 def switch_problem(current: SpecRecord, new: SpecRecord, next_seq: int) -> str | None:
     """Why ``new`` may not be adopted in place of ``current`` from step ``next_seq`` on, or
-    None: it must be the same workload and module, and it must bind every step before
-    ``next_seq`` as ``current`` does (an offset already passed is never rebound: outputs already
-    written stay what they are). Both bindings are constant between switches, so they are
-    compared at 0 and at every switch offset of either below ``next_seq``."""
+    None: it must be the same workload, and it must bind every step before ``next_seq`` as
+    ``current`` does, models and code alike (a step already taken is never rebound: outputs
+    already written stay what they are). Bindings and modules are constant between switches,
+    so they are compared at 0 and at every switch of either below ``next_seq``. New code from
+    a later step is a module switch (``fx workload deploy``), adopted like a binding switch."""
     if new.workload_id != current.workload_id:
         return f"the spec is for workload {new.workload_id}, not {current.workload_id}"
-    if new.module_hash != current.module_hash:
-        return ("the spec names another module: a new module needs a new holder "
-                f"({new.module_hash} != {current.module_hash})")
+    steps = {0} | {s.at_step for s in new.module_switches} \
+        | {s.at_step for s in current.module_switches}
+    for step in sorted(p for p in steps if p < next_seq):
+        if new.module_at(step)[0] != current.module_at(step)[0]:
+            return (f"the spec runs other code at step {step}, which is passed (the next step "
+                    f"is {next_seq}): new code takes effect at {next_seq} or later "
+                    "(fx workload deploy records new code at a step)")
     if (new.local_models != current.local_models
             or new.local_max_tokens_per_step != current.local_max_tokens_per_step):
         return ("the spec changes its mode A models or limits: a running holder does not "
@@ -145,3 +151,12 @@ def shadow_spec(spec: SpecRecord, rebind: Mapping[str, str]) -> SpecRecord:
                      for sw in spec.binding_switches)
     return spec.model_copy(update={"models": shadow_models(spec.models, rebind),
                                    "binding_switches": switches})
+
+
+def module_in_force(claims: Iterable[ClaimRecord], specs: Mapping[int, SpecRecord], epoch: int,
+                    seq: int) -> tuple[str, str | None] | None:
+    """Which code ran (or runs) step ``seq`` of ``epoch``: the ``(module hash, class)`` of
+    :meth:`SpecRecord.module_at` on the spec in force (:func:`spec_in_force`); None when that
+    spec is not known."""
+    found = spec_in_force(claims, specs, epoch, seq)
+    return None if found is None else found[1].module_at(seq)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from pydantic_core import PydanticCustomError
 
 from broker_schema._errors import DecodeCode
-from broker_schema.canonical import HASH_PATTERN, canonical_json, json_string
+from broker_schema.canonical import HASH_PATTERN, canonical_json, json_string, sha256_hex
 from broker_schema.limits import INLINE_MAX_BYTES, MAX_WORKLOAD_ID_LEN
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -327,6 +327,22 @@ class BindingSwitch(_Model):
     models: dict[str, Hash]
 
 
+#: A Python class name (``fx workload deploy --module file.py:Class``).
+ClassName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)]
+#: Largest workload module source kept in the module store (one record on ``sys.modules``).
+MODULE_SOURCE_MAX_CHARS = 512 * 1024
+
+
+class ModuleSwitch(_Model):
+    """Workload code that runs the steps from ``at_step`` on (``fx workload deploy``): the
+    module's hash (:func:`workload_sdk.module_hash`; its source is a :class:`ModuleRecord` on
+    ``sys.modules``) and the workload class in it. The rule: :meth:`SpecRecord.module_at`."""
+
+    at_step: Offset
+    module_hash: Hash
+    workload_class: ClassName
+
+
 class ErrorInfo(_Model):
     """The error of an ``error`` outcome: a code from the closed set and a message for people."""
 
@@ -455,12 +471,21 @@ class SpecRecord(_Model):
     #: the override, on the record. Left out of the canonical bytes when empty.
     unchecked_models: tuple[Hash, ...] = Field(default=(), exclude_if=lambda v: not v,
                                                max_length=64)
+    #: New workload code from a step on (``fx workload deploy``): before the first switch the
+    #: steps run ``module_hash``, from a switch's ``at_step`` on its module
+    #: (:meth:`module_at`). Left out of the canonical bytes when empty, so a workload that
+    #: never deployed new code keeps its spec bytes and hash.
+    module_switches: tuple[ModuleSwitch, ...] = Field(default=(), exclude_if=lambda v: not v,
+                                                      max_length=1000)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
         offsets = [s.at_input_offset for s in self.binding_switches]
         if offsets != sorted(set(offsets)):
             raise ValueError("binding_switches must have strictly increasing at_input_offset")
+        steps = [s.at_step for s in self.module_switches]
+        if steps != sorted(set(steps)):
+            raise ValueError("module_switches must have strictly increasing at_step")
         unbound = sorted(set(self.guarantees) - set(self.effect_kinds))
         if unbound:
             raise ValueError(f"guarantees names kinds the spec does not bind: {unbound}")
@@ -473,6 +498,24 @@ class SpecRecord(_Model):
             if switch.at_input_offset <= input_offset:
                 bound = dict(switch.models)
         return bound
+
+    def module_at(self, seq: int) -> tuple[str, str | None]:
+        """Which code runs step ``seq`` under this spec: ``(module hash, workload class)``,
+        the class None before the first module switch (the spec's ``module_hash``, whose class
+        the code at hand or the module store names). The one rule of which module runs a
+        step: the holder, replay, diff, audit, ``fx why`` and shadow evaluations call it on the
+        spec in force for the step (:func:`broker_schema.binding.spec_in_force`)."""
+        found: tuple[str, str | None] = (self.module_hash, None)
+        for switch in self.module_switches:
+            if switch.at_step <= seq:
+                found = (switch.module_hash, switch.workload_class)
+        return found
+
+    def module_hashes(self) -> tuple[str, ...]:
+        """Every module this spec runs at some step: ``module_hash`` and each switch's, in
+        order, without repeats."""
+        return tuple(dict.fromkeys([self.module_hash,
+                                    *(s.module_hash for s in self.module_switches)]))
 
 
 class ClaimRecord(_Model):
@@ -818,7 +861,8 @@ class ShadowEvalRecord(_Model):
     v: Literal[1] = SCHEMA_VERSION
     eval_id: WorkloadId
     workload_id: WorkloadId
-    models: Annotated[dict[str, Hash], Field(min_length=1)]
+    #: the rebinding (may be empty only when ``module_hash`` is set)
+    models: dict[str, Hash]
     mode: Literal["history", "live"]
     from_seq: Offset
     to_seq: Offset | None = None
@@ -827,9 +871,19 @@ class ShadowEvalRecord(_Model):
     deadline_ms: Annotated[int, Field(ge=1, le=2**31 - 1)]
     created_ms: Millis
     created_by: NodeId
+    #: A module change shadowed (``fx shadow --module NEW`` with code other than the steps
+    #: ran): steps ``from_seq`` on fold with this module and ``workload_class`` instead of the
+    #: recorded code (the steps before with the code recorded for them). Left out of the
+    #: canonical bytes when None, as is ``workload_class``.
+    module_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
+    workload_class: ClassName | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_mode(self) -> Self:
+        if not self.models and self.module_hash is None:
+            raise ValueError("an evaluation rebinds a model or shadows a module (or both)")
+        if (self.module_hash is None) != (self.workload_class is None):
+            raise ValueError("module_hash and workload_class go together")
         if self.mode == "history" and (self.to_seq is None or self.to_seq < self.from_seq):
             raise ValueError("a history evaluation needs to_seq >= from_seq")
         if self.mode == "live" and self.window_ms is None:
@@ -991,6 +1045,33 @@ class ActuatorMemoryRecord(_Model):
         return f"effect/{self.effect_id}"
 
 
+class ModuleRecord(_Model):
+    """Workload code in the module store ``sys.modules`` (compacted, keyed by the hash), written
+    by ``fx workload deploy`` and ``fx workload spec``: the source of one module file whose
+    ``sha256`` is ``module_hash`` (checked when the record is made or decoded), and the
+    workload class it was deployed with. The holder, replay, audit, ``fx why`` and shadow
+    evaluations load the code a step ran from here, by the hash its spec names."""
+
+    kind: Literal["module"] = "module"
+    v: Literal[1] = SCHEMA_VERSION
+    module_hash: Hash
+    workload_class: ClassName
+    #: the file's name when it was deployed (for people, and for tracebacks)
+    filename: Annotated[str, Field(min_length=1, max_length=200)]
+    #: the file's bytes, as UTF-8 text
+    source: Annotated[str, Field(max_length=MODULE_SOURCE_MAX_CHARS)]
+    written_by: NodeId
+    written_us: Micros
+
+    @model_validator(mode="after")
+    def _check_hash(self) -> Self:
+        got = sha256_hex(self.source.encode("utf-8"))
+        if got != self.module_hash:
+            raise ValueError(f"the source hashes to {got}, not to module_hash "
+                             f"{self.module_hash}")
+        return self
+
+
 Record = Annotated[
     InputRecord
     | SpecRecord
@@ -1010,7 +1091,8 @@ Record = Annotated[
     | ShadowReportRecord
     | AlarmRecord
     | AlarmAckRecord
-    | ActuatorMemoryRecord,
+    | ActuatorMemoryRecord
+    | ModuleRecord,
     Field(discriminator="kind"),
 ]
 

@@ -27,6 +27,7 @@ from broker_schema.records import (
     KeyCertRecord,
     KeyRevokeRecord,
     MergeEntry,
+    ModuleRecord,
     OutputRecord,
     RejectedRecord,
     ResponseRecord,
@@ -89,6 +90,7 @@ SYSTEM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     topics.REJECTS: (RejectedRecord,),
     topics.KEYS: (KeyCertRecord, KeyRevokeRecord),
     topics.ALARMS: (AlarmRecord, AlarmAckRecord),
+    topics.MODULES: (ModuleRecord,),
 }
 #: What each actuator gateway's memory topic (``sys.actuator.<node id>``) holds.
 ACTUATOR_RECORDS: tuple[type[BaseModel], ...] = (ActuatorMemoryRecord,)

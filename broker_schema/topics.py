@@ -16,6 +16,8 @@ CHUNKS = "sys.chunks"
 KEYS = "sys.keys"
 #: Alarms for people (``alarm``, ``alarm_ack``): an at-most-once actuation that ended ``unknown``.
 ALARMS = "sys.alarms"
+#: The module store: workload code by content hash (``module``, compacted, keyed by the hash).
+MODULES = "sys.modules"
 #: Prefix of each actuator gateway's memory (``sys.actuator.<node id>``, compacted).
 ACTUATOR_PREFIX = "sys.actuator."
 #: Prefix of the per-node receipt ledgers (``sys.ledger.<node id>``, never compacted).

@@ -334,7 +334,9 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
             [f"holder {c['holder_id']}", f"spec .spec@{s['offset']} module "
              f"{s['module_hash'][:19]}…", f"models {models}"]
             + ([f"binding switched at input offset {s['binding_switch_at']}"]
-               if s.get("binding_switch_at") is not None else []),
+               if s.get("binding_switch_at") is not None else [])
+            + ([f"code deployed at step {s['module_switch_at']} ({s['workload_class']})"]
+               if s.get("module_switch_at") is not None else []),
             "binding", href("claims", c["offset"]))))
         if "input" in node:
             i = node["input"]

@@ -187,10 +187,14 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(op, T, topics.KEYS, LIT, W, C)
         # fx alarms ack
         out += _grant(op, T, topics.ALARMS, LIT, W)
+        # the module store: fx workload deploy (code the holders will run)
+        out += _grant(op, T, topics.MODULES, LIT, W, C)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
         # the node key history, for its signature checks with a fleet key (read only)
         out += _grant(_user(roles.holder), T, topics.KEYS, LIT, R, D)
+        # the module store: the code each step runs, by hash (fx workload deploy)
+        out += _grant(_user(roles.holder), T, topics.MODULES, LIT, R, D)
         out += _grant(_user(roles.holder), T, topics.ALARMS, LIT, W, D, C)
         # its rejects: a tick on .resp that the holder of its epoch did not write
         out += _grant(_user(roles.holder), T, topics.REJECTS, LIT, W, D, C)

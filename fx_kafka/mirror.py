@@ -1,10 +1,10 @@
 """``fx mirror start|stop|status``: a site's log forwarded to the fleet's cluster.
 
 A site runs its own broker; its workload streams (``wl.<id>.*``) and the system topics its
-records name (``sys.facts``, ``sys.keys``, ``sys.chunks``, ``sys.rejects``, ``sys.ledger.<node>``)
-reach the fleet's cluster through Apache Kafka's MirrorMaker 2 (``connect-mirror`` from Maven
-Central, built by ``deploy/local-kafka/fetch.sh --mirror``), run in dedicated mode as a background
-``java`` process, with:
+records name (``sys.facts``, ``sys.keys``, ``sys.chunks``, ``sys.rejects``, ``sys.modules``,
+``sys.ledger.<node>``) reach the fleet's cluster through Apache Kafka's MirrorMaker 2
+(``connect-mirror`` from Maven Central, built by ``deploy/local-kafka/fetch.sh --mirror``), run
+in dedicated mode as a background ``java`` process, with:
 
 - **topic names kept**: ``IdentityReplicationPolicy``;
 - **exactly-once** (KIP-618, Kafka 3.5+): ``exactly.once.source.support=enabled`` on the fleet's
@@ -96,8 +96,9 @@ DEFAULT_HEAP = "256m"
 FLEET_ALIAS = "fleet"
 MAIN_CLASS = "org.apache.kafka.connect.mirror.MirrorMaker"
 TRANSFORM_CLASS = "dev.ninelives.fx.mirror.SourceOffsetHeader"
-#: The system topics a site's records name (their keys, facts, chunks, rejects); ledgers too.
-SYSTEM_TOPICS = (T.FACTS, T.KEYS, T.CHUNKS, T.REJECTS)
+#: The system topics a site's records name (their keys, facts, chunks, rejects, the code their
+#: specs name); ledgers too.
+SYSTEM_TOPICS = (T.FACTS, T.KEYS, T.CHUNKS, T.REJECTS, T.MODULES)
 #: Long.MAX_VALUE: a site clock ahead of the fleet's must not get the copy refused
 #: (``message.timestamp.after.max.ms`` defaults to one hour in Kafka 4).
 _LONG_MAX = "9223372036854775807"
@@ -854,8 +855,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="a workload to mirror (repeatable): its wl.<ID>.* topics")
     which.add_argument("--all", action="store_true", help="every workload on the site")
     start.add_argument("--no-system-topics", action="store_true",
-                       help="leave sys.facts, sys.keys, sys.chunks, sys.rejects and the ledgers "
-                       "out (the fleet then cannot check the site's signatures)")
+                       help="leave sys.facts, sys.keys, sys.chunks, sys.rejects, sys.modules and "
+                       "the ledgers out (the fleet then cannot check the site's signatures)")
     start.add_argument("--name", metavar="ALIAS",
                        help="the site's alias in MirrorMaker 2 (default: site-<cluster id>); "
                        "one per site: it names the mirror's state topics on the fleet")

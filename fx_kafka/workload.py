@@ -218,8 +218,9 @@ async def ensure_rejects_topic(bootstrap: str) -> None:
 
 
 async def ensure_system_topics(bootstrap: str) -> None:
-    """Create ``sys.facts`` and ``sys.chunks`` (compacted), ``sys.rejects`` and ``sys.alarms``
-    (one partition, no retention: alarms are history) if missing."""
-    await create_topics(bootstrap, [topics.FACTS, topics.CHUNKS], compacted=True)
+    """Create ``sys.facts``, ``sys.chunks`` and ``sys.modules`` (compacted), ``sys.rejects``
+    and ``sys.alarms`` (one partition, no retention: alarms are history) if missing."""
+    await create_topics(bootstrap, [topics.FACTS, topics.CHUNKS, topics.MODULES],
+                        compacted=True)
     await ensure_rejects_topic(bootstrap)
     await ensure_alarms_topic(bootstrap)

@@ -88,13 +88,16 @@ from broker_schema import (
     Record,
     ResponseRecord,
     SnapshotRecord,
+    SpecRecord,
     TickRecord,
     decode,
     encode,
+    topics,
 )
 from broker_schema.binding import claim_problem
 from fx_kafka.workload_log import LogGap, LogRecord, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError, module_hash
+from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._core import Core
 from workload_sdk._replay import ReplayError, ReplayResult, compare_outputs, out_slots, replay
 from workload_sdk._signature_tally import check_signatures, holder_written
@@ -720,9 +723,11 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> str:
 class _Replays:
     """Runs the replays and files what they find under the ``replay`` invariant."""
 
-    def __init__(self, workload: Workload, log: WorkloadLog, inv: InvariantResult,
-                 recorded: dict[tuple[int, int], tuple[int, bytes]]) -> None:
+    def __init__(self, workload: Workload | None, log: WorkloadLog, inv: InvariantResult,
+                 recorded: dict[tuple[int, int], tuple[int, bytes]],
+                 code: Code | None = None) -> None:
         self.workload, self.log, self.inv, self.recorded = workload, log, inv, recorded
+        self.code = code
         self.output_problems: dict[tuple[int, int, str], tuple[int | None, list[str]]] = {}
         self.computed: set[tuple[int, int]] = set()
         #: every output a replay computed, by slot
@@ -751,8 +756,12 @@ class _Replays:
         """One replay; None (and a finding) when it stops."""
         merge = self.log["merge"]
         try:
-            result = replay(self.workload, log, to_seq=to_seq, use_snapshots=use_snapshots)
+            result = replay(self.workload, log, to_seq=to_seq, use_snapshots=use_snapshots,
+                            code=self.code)
             problems = compare_outputs(result, self._outputs_of(result))
+        except ModuleUnavailable as exc:
+            self.inv.gap(topics.MODULES, None, f"replay {label} cannot run a step's code: {exc}")
+            return None
         except LogGap as exc:
             self.inv.gap(exc.topic, exc.offset if exc.offset >= 0 else None,
                          f"replay {label} stopped: {exc}")
@@ -791,9 +800,10 @@ class _Replays:
 
 
 def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
-                  inv: InvariantResult, *, merge_settled: bool) -> dict[tuple[int, int], Any]:
+                  inv: InvariantResult, *, merge_settled: bool,
+                  code: Code | None = None) -> dict[tuple[int, int], Any]:
     """File what replay finds; return the outputs it computed, by slot."""
-    if workload is None:
+    if workload is None and code is None:
         inv.skipped = True
         inv.note("skipped: no module given (fx audit --module MODULE:Class): replay was not run")
         return {}
@@ -808,7 +818,7 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
     except LogGap as exc:  # an undecodable record on .out (out_once names it)
         inv.gap(exc.topic, exc.offset, f"outputs cannot be compared: {exc}")
         return {}
-    runs = _Replays(workload, log, inv, recorded)
+    runs = _Replays(workload, log, inv, recorded, code)
     trimmed = merge.start > 0
     full: ReplayResult | None = None
     covered_from: int | None = None  # the first seq every replayed step after it covers
@@ -857,7 +867,7 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
             continue
         try:
             expected = _fold_state(Core.from_snapshot(
-                workload, nxt[1], resolved=log.resolved.get(("merge", nxt[0]))))
+                result.core.workload, nxt[1], resolved=log.resolved.get(("merge", nxt[0]))))
         except (ValueError, TypeError) as exc:
             inv.violate(merge.topic, nxt[0], f"the snapshot at seq {nxt[1].seq} cannot be "
                         f"restored: {exc}")
@@ -910,10 +920,14 @@ def _check_replay(rd: _Reader, log: WorkloadLog, workload: Workload | None,
 
 def audit(log: WorkloadLog, workload: Workload | None = None, *,
           key_history: KeyHistory | None = None, clock_skew_ms: int = 0,
-          merge_settled: bool = True, max_listed: int = MAX_LISTED) -> AuditReport:
+          merge_settled: bool = True, max_listed: int = MAX_LISTED,
+          code: Code | None = None) -> AuditReport:
     """Check every invariant of the design on ``log`` (see the module docstring).
 
-    ``workload``: the module to replay with (None: ``replay`` is skipped, and says so).
+    ``workload``: the module to replay with (None: ``replay`` is skipped, and says so, unless
+    ``code`` is given). ``code``: replay each step with the module its spec names for it
+    (:class:`~workload_sdk._code.Code`: ``workload`` and the module store; ``fx workload
+    deploy``).
     ``key_history``: check signatures against the fleet-certified node keys instead of
     ``log.facts``. ``clock_skew_ms``: how far broker clocks may differ (``epochs``).
     ``merge_settled``: False when ``.merge`` was still growing while the log was read (a live
@@ -928,14 +942,32 @@ def audit(log: WorkloadLog, workload: Workload | None = None, *,
     _check_epochs(rd, log, claims, invs["epochs"], clock_skew_ms)
     _check_signatures(rd, log, claims, key_history, invs["signatures"])
     _check_merge_order(rd, log, invs["merge_order"])
-    computed = _check_replay(rd, log, workload, invs["replay"], merge_settled=merge_settled)
+    computed = _check_replay(rd, log, workload, invs["replay"], merge_settled=merge_settled,
+                             code=code)
     _file_doubles(log, doubles, computed, invs["out_once"])
     report = AuditReport(workload_id=log.workload_id, invariants=list(invs.values()),
                          module_hash=None if workload is None else module_hash(workload),
                          key_history=key_history is not None)
-    if workload is not None:
+    if code is not None:
+        _note_code(log, claims, report)
+    elif workload is not None:
         _note_module(log, claims, report)
     return report
+
+
+def _note_code(log: WorkloadLog, claims: _Claims, report: AuditReport) -> None:
+    """Say which modules the claims' specs run (each range was replayed with its own)."""
+    named: dict[str, None] = {}
+    for _, _, claim in claims.claims:
+        try:
+            spec = log["spec"].get(claim.spec_offset)
+        except LogGap:  # filed by the checks that need it
+            continue
+        if isinstance(spec, SpecRecord):
+            named.update(dict.fromkeys(spec.module_hashes()))
+    if len(named) > 1:
+        report["replay"].note("each step was replayed with the module its spec names for it "
+                              f"(SpecRecord.module_at): {', '.join(named)}")
 
 
 def _note_module(log: WorkloadLog, claims: _Claims, report: AuditReport) -> None:

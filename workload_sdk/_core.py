@@ -238,6 +238,9 @@ class Core:
     #: ``foreign_request`` otherwise): the live holder and replay. A shadow fold, whose
     #: requests may differ from the recorded ones the recorded answers stand for, turns it off.
     bind_answers: bool = True
+    #: Which code runs each step (:class:`workload_sdk._code.Code`: the module the spec in
+    #: force names for it, ``fx workload deploy``); None: ``workload`` runs every step.
+    code: Any = None
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -468,14 +471,15 @@ class Core:
 
     def _step(self, event: Event, *, epoch: int, spec: SpecRecord) -> tuple[OutRecord, ...]:
         seq = self.seq
+        workload = self.workload if self.code is None else self.code.at(spec, seq)
         if spec.local_models:
             from workload_sdk._local import default_runtime, step_context
 
             with step_context(self.local or default_runtime(), spec.local_models,
                               spec.local_max_tokens_per_step, seq):
-                result = self.workload.step(self.state, event)
+                result = workload.step(self.state, event)
         else:
-            result = self.workload.step(self.state, event)
+            result = workload.step(self.state, event)
         if not isinstance(result, tuple) or len(result) != 2:
             raise WorkloadError("bad_step", "step must return (state, outputs)", seq=seq)
         new_state, outs = result

@@ -6,8 +6,11 @@ Start-up (each step is a fact on the log, so a successor can check it):
    bumps the producer epoch, so the broker fences any older holder of the same workload: its
    next transaction fails.
 2. Read ``.claims`` and write a claim with the highest epoch seen plus one, naming the latest
-   spec on ``.spec`` (its offset and hash). The running module must hash to the spec's
-   ``module_hash``.
+   spec on ``.spec`` (its offset and hash). The running module must hash to one of the modules
+   the spec runs (its ``module_hash`` or a module switch's, ``fx workload deploy``); the code
+   of every other step is loaded by hash from the module store ``sys.modules``
+   (:mod:`workload_sdk._code`), and a spec with new code is adopted live only once its code is
+   loaded.
 3. Replay ``.merge`` from the latest snapshot with the same core replay uses, reading ``.in``,
    ``.resp`` and ``.out`` only from the positions that snapshot recorded; write any output slot
    ``(input_offset, index)`` the replay computed that is not on ``.out`` (none, normally: outputs
@@ -98,8 +101,9 @@ from fx_kafka.workload import (
     ensure_alarms_topic,
     ensure_workload_topics,
 )
-from workload_sdk._api import Workload, module_hash
+from workload_sdk._api import Workload
 from workload_sdk._broker_clock import BrokerClock
+from workload_sdk._code import Code
 from workload_sdk._core import (
     Core,
     Item,
@@ -132,6 +136,7 @@ from workload_sdk._holder_start import (
 from workload_sdk._holder_trim import PeriodicTrim
 from workload_sdk._holder_watch import ClaimWatch, holder_role
 from workload_sdk._kafka_io import read_resume_log
+from workload_sdk._module_store import code_for, read_modules
 from workload_sdk._observe import PendingRequest
 from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
 
@@ -190,6 +195,8 @@ class LeaseHolder:
         self.epoch = 0
         self.spec: SpecRecord | None = None
         self.core: Core | None = None
+        #: the code of each step (the module store as read at start, and since)
+        self.code = Code(workload)
         self.stats = HolderStats()
         self.ready = asyncio.Event()
         self._requests: dict[str, RequestAt] = {}
@@ -248,9 +255,10 @@ class LeaseHolder:
         cfg = self.config
         spec_offset, self.spec = await latest_spec(cfg.bootstrap, cfg.workload_id)
         self._spec_offset = spec_offset
-        if cfg.check_module and module_hash(self.workload) != self.spec.module_hash:
-            raise NoSpec(f"module hash {module_hash(self.workload)} differs from the spec's "
-                         f"{self.spec.module_hash} (spec at offset {spec_offset})")
+        mine = self.code.given_hash
+        if cfg.check_module and mine not in self.spec.module_hashes():
+            raise NoSpec(f"module hash {mine} is none of the modules the spec at offset "
+                         f"{spec_offset} runs ({', '.join(self.spec.module_hashes())})")
         # the broker must not delete what the spec's audit horizon keeps
         await check_workload_topics(cfg.bootstrap, cfg.workload_id,
                                     audit_horizon_ms=self.spec.audit_horizon_ms)
@@ -288,9 +296,13 @@ class LeaseHolder:
         wl, positions = await read_resume_log(cfg.bootstrap, cfg.workload_id,
                                               resolver=self._refs.resolver)
         self.stats.resumed_from = dict(positions)
-        resumed = resumed_state(self.workload, wl)
+        resumed = resumed_state(self.workload, wl, code=self.code)
         result, missing = resumed.result, resumed.missing
         self.core = result.core
+        assert self.spec is not None
+        problem = self.code.problem(self.spec, self.core.seq)
+        if problem is not None and cfg.check_module:
+            raise NoSpec(f"the spec at offset {self._spec_offset} {problem}")
         self._out_end = wl["out"].end
         self._requests.update(resumed.requests)
         self._written_outcomes.update(resumed.written_outcomes)
@@ -430,6 +442,7 @@ class LeaseHolder:
         consumer = None
         jobs: list[asyncio.Task[None]] = []  # the holder's other jobs, for this run
         try:
+            self.code = Code(self.workload, await read_modules(cfg.bootstrap))
             await self._claim(rejoin, forced)
             await self._resume()
             assert self.core is not None
@@ -522,6 +535,12 @@ class LeaseHolder:
                       problem)
         if record is None:
             return
+        problem = await code_for(self.code, cfg.bootstrap, record, core.seq)
+        if problem is not None:
+            self.stats.specs_refused += 1
+            log.error("spec at %s@%d not adopted: %s", topics.spec(cfg.workload_id), offset,
+                      problem)
+            return
         adoption = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch,
                                holder_id=cfg.holder_id, spec_hash=record_hash(record),
                                spec_offset=offset, from_seq=core.seq,
@@ -529,8 +548,8 @@ class LeaseHolder:
         await self._write([(topics.claims(cfg.workload_id), encode(adoption))])
         self.spec, self._spec_offset = record, offset
         self.stats.specs_adopted += 1
-        log.info("adopted the spec at .spec@%d from step %d (models at it: %s)", offset,
-                 core.seq, record.models_at(core.seq))
+        log.info("adopted the spec at .spec@%d from step %d (models at it: %s; module %s)",
+                 offset, core.seq, record.models_at(core.seq), record.module_at(core.seq)[0])
 
     def _decode(self, source: str, msg: Any) -> Item | None:
         assert self.core is not None

@@ -30,6 +30,7 @@ from broker_schema.streams import OutRecord
 from fx_kafka.retry import broker_unavailable, jittered_backoff_s
 from fx_kafka.workload_log import WorkloadLog, read_facts, read_topic
 from workload_sdk._api import Workload
+from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._holder_config import HOLDER_LOG as log
 from workload_sdk._holder_config import HolderConfig
 from workload_sdk._placement import placement_missing
@@ -231,10 +232,14 @@ class Resumed:
     missing: list[OutRecord]
 
 
-def resumed_state(workload: Workload, wl: WorkloadLog) -> Resumed:
-    """Replay ``wl`` (:func:`~workload_sdk._replay.replay`; raises as it does) and gather what
-    the holder keeps besides the fold. Pure."""
-    result = replay(workload, wl)
+def resumed_state(workload: Workload, wl: WorkloadLog, *, code: Code | None = None) -> Resumed:
+    """Replay ``wl`` (:func:`~workload_sdk._replay.replay`, each step with the code ``code``
+    gives for it; raises as it does) and gather what the holder keeps besides the fold.
+    Pure. :class:`NoSpec` when a step's code cannot be had."""
+    try:
+        result = replay(workload, wl, code=code)
+    except ModuleUnavailable as exc:
+        raise NoSpec(f"cannot replay the log: {exc}") from exc
     core = result.core
     requests: dict[str, RequestAt] = {}
     for offset, value in out_slots(wl, result.outputs).values():

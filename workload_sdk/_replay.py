@@ -26,6 +26,7 @@ from broker_schema.binding import claim_in_force
 from broker_schema.streams import OutRecord, SourceRecord
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
+from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._commands import replay_command
 from workload_sdk._core import Applied, Core, Item
 
@@ -180,15 +181,53 @@ class _Specs:
         return spec
 
 
+def first_workload(workload: Workload | None, code: Code | None, log: WorkloadLog,
+                   items: list[tuple[int, MergeEntry | SnapshotRecord]]) -> Workload:
+    """The workload whose ``initial_state`` a fold from the start begins with: with ``code``,
+    the code of step 0 under the spec in force for it (the first merge entry's epoch; with no
+    entry, the latest claim's spec); else ``workload``."""
+    if code is not None:
+        first = next((r for _o, r in items if isinstance(r, MergeEntry)), None)
+        if first is not None:
+            return code.at(_Specs(log)(first.epoch, 0), 0)
+        claims = log.claims()
+        if claims:  # no step yet: the code of step 0 under the latest claim's spec
+            try:
+                return code.at(_Specs(log)(claims[-1].epoch, 0), 0)
+            except ModuleUnavailable:
+                if workload is None:
+                    raise
+        return _CodeOnly() if workload is None else workload
+    if workload is None:
+        raise ValueError("no workload and no code to fold with")
+    return workload
+
+
+class _CodeOnly(Workload):
+    """Stands for the workload of a core whose every step runs the code :class:`Code` picks
+    (``Core.code``): a log without a step or a claim, or a core restored from a snapshot."""
+
+    def initial_state(self) -> Any:
+        return None
+
+    def step(self, state: Any, event: Any) -> Any:
+        raise AssertionError("a core with code runs each step with Core.code")
+
+
 def replay(
-    workload: Workload,
+    workload: Workload | None,
     log: WorkloadLog,
     *,
     to_seq: int | None = None,
     use_snapshots: bool = True,
     trust_log: bool = False,
+    code: Code | None = None,
 ) -> ReplayResult:
     """Rebuild the fold from the nearest snapshot and the merge log.
+
+    ``code``: run each step with the module its spec names for it
+    (:class:`~workload_sdk._code.Code`; ``fx workload deploy``); None: ``workload`` runs
+    every step (it may then be None only with ``code``).
 
     ``trust_log``: read the merge entries and the records they name without validating them
     again (:func:`broker_schema.decode_trusted`): for a log whose records a lease holder of
@@ -219,13 +258,17 @@ def replay(
                 chosen = (i, offset, record)
         if chosen is not None:
             i, offset, snap = chosen
-            core = _snapshot_core(workload, log, offset, snap)
+            restored = (workload if workload is not None
+                        else _CodeOnly() if code is not None
+                        else first_workload(None, None, log, items))  # raises: nothing to run
+            core = _snapshot_core(restored, log, offset, snap)
             start_index = i + 1
             result_snapshot = (offset, snap.seq)
     if core is None:
         _check_from_start(log, items, "replay to seq " + str(to_seq) if to_seq is not None
                           else "replay from the start" if not use_snapshots else "replay")
-        core = Core.initial(workload, log.workload_id)
+        core = Core.initial(first_workload(workload, code, log, items), log.workload_id)
+    core.code = code
     result = ReplayResult(core=core)
     if result_snapshot is not None:
         result.snapshot_offset, result.snapshot_seq = result_snapshot
@@ -327,6 +370,16 @@ class DiffReport:
                 "first": self.first, "detail": self.detail}
 
 
+class _NewFrom:
+    """The code of a diff from a step: the recorded code before ``from_step``, ``new`` after."""
+
+    def __init__(self, code: Code, new: Workload, from_step: int) -> None:
+        self._code, self._new, self._from = code, new, from_step
+
+    def at(self, spec: SpecRecord, seq: int) -> Workload:
+        return self._new if seq >= self._from else self._code.at(spec, seq)
+
+
 def _slot_dict(seq: int, index: int, old: bytes | None, new: bytes | None,
                out_offset: int | None) -> dict[str, Any]:
     return {"seq": seq, "index": index, "out_offset": out_offset,
@@ -334,8 +387,13 @@ def _slot_dict(seq: int, index: int, old: bytes | None, new: bytes | None,
             "new": None if new is None else new.decode()}
 
 
-def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
+def diff(new_workload: Workload, log: WorkloadLog, *, code: Code | None = None,
+         from_step: int = 0) -> DiffReport:
     """Run ``new_workload`` over the recorded merge log from seq 0; report the first difference.
+
+    ``from_step`` (with ``code``): the steps before it run the code recorded for them (each
+    range its module, :meth:`SpecRecord.module_at`) and ``new_workload`` runs from it on: what
+    deploying ``new_workload`` at that step would have done.
 
     Recorded answers are reused as they are; a request the new code issues that differs from the
     recorded one in anything but the model stops the diff as a divergence of requests; one that
@@ -345,7 +403,11 @@ def diff(new_workload: Workload, log: WorkloadLog) -> DiffReport:
     recorded = out_slots(log)
     items = _merge_records(log)
     _check_from_start(log, items, "diff")
-    core = Core.initial(new_workload, log.workload_id)
+    if code is not None and from_step > 0:
+        core = Core.initial(first_workload(None, code, log, items), log.workload_id)
+        core.code = _NewFrom(code, new_workload, from_step)
+    else:
+        core = Core.initial(new_workload, log.workload_id)
     specs = _Specs(log)
     report = DiffReport(kind="same")
     for _offset, record in items:

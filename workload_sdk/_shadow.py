@@ -54,8 +54,9 @@ from broker_schema import (
 from broker_schema.binding import shadow_spec
 from fx_kafka.workload_log import LogGap, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
+from workload_sdk._code import Code
 from workload_sdk._core import Core, Item
-from workload_sdk._replay import _item, _merge_records, _Specs, out_slots, replay
+from workload_sdk._replay import _item, _merge_records, _Specs, first_workload, out_slots, replay
 
 __all__ = [
     "DecisionDiff",
@@ -268,21 +269,45 @@ class FoldResult:
     last_seq: int | None = None
 
 
+def modules_run(log: WorkloadLog, from_seq: int, to_seq: int | None) -> list[str]:
+    """The modules that ran the delivered steps ``from_seq``..``to_seq`` (None: to the end), by
+    the spec in force for each (:meth:`SpecRecord.module_at`), in step order without repeats. A
+    spec that names a module no step in the range ran does not count."""
+    specs = _Specs(log)
+    found: dict[str, None] = {}
+    for _o, r in _merge_records(log):
+        if (isinstance(r, MergeEntry) and r.action == "deliver" and r.seq >= from_seq
+                and (to_seq is None or r.seq <= to_seq)):
+            found[specs(r.epoch, r.seq).module_at(r.seq)[0]] = None
+    return list(found)
+
+
 def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
          shadow_answers: Mapping[str, ResponseRecord], *, to_seq: int,
-         shadow_resolved: Mapping[str, bytes] | None = None) -> FoldResult:
+         shadow_resolved: Mapping[str, bytes] | None = None,
+         code: Code | None = None) -> FoldResult:
     """Run the workload's fold over steps ``ev.from_seq``..``to_seq`` of the recorded merge
     order with the shadow answers in place of the recorded ones (see the module docstring).
 
     ``shadow_answers``: live effect id -> the shadow answer to its re-issued request;
     ``shadow_resolved``: live effect id -> the bytes its shadow answer's output reference names
     (read by the I/O shell, as the holder reads a live answer's). Raises
-    :class:`~fx_kafka.workload_log.LogGap` when a record the fold needs is gone."""
+    :class:`~fx_kafka.workload_log.LogGap` when a record the fold needs is gone.
+
+    ``code``: the recorded code of each step (:class:`~workload_sdk._code.Code`); the steps
+    before ``ev.from_seq`` run it, and so do the evaluated ones unless ``ev.module_hash`` is
+    set, when ``workload`` (that module) runs them. None: ``workload`` runs every step."""
     result = FoldResult()
+    candidate = workload if ev.module_hash is not None else None
     if ev.from_seq > 0:
-        core = replay(workload, log, to_seq=ev.from_seq - 1).core
+        core = replay(workload, log, to_seq=ev.from_seq - 1, code=code).core
     else:
-        core = Core.initial(workload, log.workload_id)
+        core = Core.initial(candidate or first_workload(workload, code, log, _merge_records(log)),
+                            log.workload_id)
+    if candidate is not None:
+        core.workload, core.code = candidate, None
+    else:
+        core.code = code
     # the shadow fold's requests may differ from the recorded ones (that is what it measures):
     # the recorded answers stand for them, whichever request they name
     core.bind_answers = False
@@ -447,7 +472,8 @@ def request_diffs(log: WorkloadLog, pairs: Iterable[ShadowPair],
 def evaluate(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord, *,
              out_view: TopicView, resp_view: TopicView, to_seq: int,
              topics_of: Mapping[str, str],
-             resp_resolved: Mapping[int, bytes] | None = None) -> dict[str, Any]:
+             resp_resolved: Mapping[int, bytes] | None = None,
+             code: Code | None = None) -> dict[str, Any]:
     """The full report of evaluation ``ev`` over steps ``ev.from_seq``..``to_seq``, from the
     records alone (the live log; the evaluation's ``.out`` and ``.resp`` views), each read up to
     its end (``ends`` in the report: the offsets to cut at when the report is computed again).
@@ -479,11 +505,13 @@ def evaluate(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord, *,
         outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
     folded = FoldResult(diverged_at=ev.from_seq, divergence="not every re-issued request has "
                         f"an answer ({len(missing)} missing)") if missing else fold(
-        workload, log, ev, by_live, to_seq=to_seq, shadow_resolved=live_resolved)
+        workload, log, ev, by_live, to_seq=to_seq, shadow_resolved=live_resolved, code=code)
     substantive = [d for d in folded.differing if not d.renamed_only]
     report: dict[str, Any] = {
         "eval_id": ev.eval_id, "workload_id": ev.workload_id, "mode": ev.mode,
         "models": dict(ev.models), "from_seq": ev.from_seq, "to_seq": to_seq,
+        **({} if ev.module_hash is None else {"module": {"module_hash": ev.module_hash,
+                                                         "workload_class": ev.workload_class}}),
         "topics": dict(topics_of), "ends": ends,
         "requests": len(pairs),
         "requests_written": sum(1 for p in pairs if p.shadow.effect_id in issued),

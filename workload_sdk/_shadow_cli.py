@@ -4,6 +4,7 @@
 
     fx shadow ID --module M:C --model NAME=HASH [--from SEQ] [--to SEQ]   # over history
     fx shadow ID --module M:C --model NAME=HASH --live --window 10m      # over live traffic
+    fx shadow ID --module NEW.py:C [--model NAME=HASH] [--from SEQ]       # a module change
     fx shadow show EVAL_ID --module M:C [--workload ID]                  # the report again
     fx shadow show EVAL_ID [--workload ID]                               # the recorded summary
 
@@ -26,6 +27,7 @@ from typing import Any
 from fx_kafka.client import bootstrap_of
 from fx_kafka.workload_log import LogGap
 from fx_kafka.workloads import check_workload
+from workload_sdk._code import ModuleUnavailable
 from workload_sdk._commands import MODULE_PLACEHOLDER, show_command
 from workload_sdk._loader import load_workload
 
@@ -133,7 +135,8 @@ def _shadow(args: argparse.Namespace) -> int:
                 bootstrap, workload, targets[0], rebind, from_seq=args.from_seq,
                 to_seq=args.to_seq, eval_id=args.eval_id, deadline_ms=args.deadline_ms,
                 outstanding=args.outstanding, timeout_s=args.timeout_s, progress=_progress))
-    except (ShadowError, ValueError, ImportError, AttributeError, TypeError) as exc:
+    except (ShadowError, ModuleUnavailable, ValueError, ImportError, AttributeError,
+            TypeError) as exc:
         print(f"fx shadow: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LogGap as exc:
@@ -180,8 +183,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in streams of its own; fx shadow show EVAL_ID prints a report again",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="+", metavar="ID", help="workload id, or: show EVAL_ID")
-    p.add_argument("--module", help="MODULE:Class: the workload's code (it must hash to the "
-                   "spec's module_hash); show without it prints the recorded summary")
+    p.add_argument("--module", help="MODULE:Class: the workload's code. Code other than "
+                   "the evaluated steps ran shadows a module change (with or without "
+                   "--model); the steps before run the code recorded for them (the module "
+                   "store). show without it prints the recorded summary")
     p.add_argument("--model", action="append", metavar="NAME=HASH",
                    help="rebind a model name for the evaluation (repeatable)")
     p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ",

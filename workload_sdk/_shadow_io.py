@@ -40,7 +40,9 @@ from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.workload import ensure_shadow_topics
 from fx_kafka.workload_log import LogGap, TopicView, WorkloadLog, read_facts, read_topic
 from workload_sdk._api import Workload, module_hash
+from workload_sdk._code import Code
 from workload_sdk._kafka_io import read_workload_log
+from workload_sdk._module_store import read_modules
 from workload_sdk._refs_io import RefResolver
 from workload_sdk._replay import _Specs
 from workload_sdk._shadow import (
@@ -49,6 +51,7 @@ from workload_sdk._shadow import (
     cut_log,
     cut_view,
     evaluate,
+    modules_run,
     plan,
     rebound_model,
     shadow_request,
@@ -72,9 +75,10 @@ def _who() -> str:
         return "unknown"
 
 
-def default_eval_id(rebind: Mapping[str, str], suffix: str) -> str:
-    """``<name>-<first 8 hex of the new hash>-<suffix>`` for the first rebound name."""
-    name, new = sorted(rebind.items())[0]
+def default_eval_id(rebind: Mapping[str, str], suffix: str, module: str | None = None) -> str:
+    """``<name>-<first 8 hex of the new hash>-<suffix>`` for the first rebound name
+    (``module-<first 8 hex of its hash>-<suffix>`` for a module change without one)."""
+    name, new = sorted(rebind.items())[0] if rebind else ("module", module or "")
     safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in name)
     return topics.check_eval_id(f"{safe}-{hex_of_hash(new)[:8]}-{suffix}"[:120])
 
@@ -92,17 +96,43 @@ def _last_step(log_: WorkloadLog) -> int:
     return last
 
 
-def _check_module(workload: Workload, log_: WorkloadLog, ev: ShadowEvalRecord) -> None:
+def _module_change(workload: Workload, live: WorkloadLog, lo: int, hi: int | None
+                   ) -> tuple[str, str] | None:
+    """``(module hash, class)`` of ``workload`` when it is a module change for steps
+    ``lo``..``hi`` (None: to the end): its code is not the code that ran them (:func:`
+    modules_run`; for steps not taken yet, the latest spec's module from ``lo``). None: the
+    code at hand ran them, so the evaluation rebinds models only. A module a spec named but no
+    step ran is never compared."""
     mine = module_hash(workload)
-    for rec in log_["spec"]:
-        try:
-            spec = decode(rec.value)
-        except DecodeError:
-            continue
-        if isinstance(spec, SpecRecord) and spec.module_hash != mine:
-            raise ShadowError(f"the module hashes to {mine}, the spec at .spec@{rec.offset} names "
-                              f"{spec.module_hash}: a shadow evaluation folds with the recorded "
-                              "code (compare code changes with fx replay --diff)")
+    ran = modules_run(live, lo, hi)
+    if not ran:
+        specs = [r for r in (_decoded_or_none(rec.value) for rec in live["spec"])
+                 if isinstance(r, SpecRecord)]
+        ran = [specs[-1].module_at(lo)[0]] if specs else []
+    return None if mine in ran else (mine, type(workload).__name__)
+
+
+async def _code(bootstrap: str, workload: Workload, live: WorkloadLog,
+                ev: ShadowEvalRecord, to_seq: int | None) -> Code:
+    """The recorded code of the steps the evaluation folds with it (the steps before
+    ``ev.from_seq``, and the evaluated ones unless it shadows a module change): ``workload``
+    and the module store; ``ShadowError`` when some of it cannot be had, or when ``workload``
+    is not the module change the evaluation recorded."""
+    mine = module_hash(workload)
+    if ev.module_hash is not None and mine != ev.module_hash:
+        raise ShadowError(f"evaluation {ev.eval_id} shadows module {ev.module_hash} "
+                          f"({ev.workload_class}); --module hashes to {mine}")
+    code = Code(workload, await read_modules(bootstrap))
+    wanted = modules_run(live, 0, ev.from_seq - 1) if ev.from_seq > 0 else []
+    if ev.module_hash is None:
+        wanted += modules_run(live, ev.from_seq, to_seq)
+    absent = [m for m in dict.fromkeys(wanted) if not code.has(m)]
+    if absent:
+        raise ShadowError(f"the steps the evaluation folds with the recorded code ran module "
+                          f"{', '.join(absent)}, which is neither --module ({mine}) nor in the "
+                          f"module store {topics.MODULES} (fx workload deploy stores code; or "
+                          "pass that code as --module)")
+    return code
 
 
 async def _check_present(bootstrap: str, names: list[str], what: str) -> None:
@@ -355,7 +385,8 @@ async def _define(bootstrap: str, ev: ShadowEvalRecord, progress: Progress) -> S
 
 
 async def _finish(bootstrap: str, workload: Workload, ev: ShadowEvalRecord, to_seq: int,
-                  progress: Progress) -> tuple[dict[str, Any], ShadowReportRecord]:
+                  progress: Progress, code: Code
+                  ) -> tuple[dict[str, Any], ShadowReportRecord]:
     """Read everything again, compute the report from the records and append its summary."""
     wid = ev.workload_id
     live = await read_workload_log(bootstrap, wid, with_facts=False)
@@ -365,7 +396,8 @@ async def _finish(bootstrap: str, workload: Workload, ev: ShadowEvalRecord, to_s
     progress(f"folding steps {ev.from_seq}..{to_seq} under the shadow answers")
     report = evaluate(workload, live, ev, out_view=out_view, resp_view=resp_view, to_seq=to_seq,
                       topics_of=_topics_of(wid, ev.eval_id),
-                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view))
+                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view),
+                      code=code)
     record = _report_record(report)
     producer = make_producer(bootstrap)
     await producer.start()
@@ -414,9 +446,10 @@ def _report_record(report: dict[str, Any]) -> ShadowReportRecord:
         report_hash=report["report_hash"], written_ms=int(time.time() * 1000))
 
 
-def _check_rebind(rebind: Mapping[str, str]) -> None:
-    if not rebind:
-        raise ShadowError("give at least one --model NAME=HASH")
+def _check_rebind(rebind: Mapping[str, str], module: tuple[str, str] | None = None) -> None:
+    if not rebind and module is None:
+        raise ShadowError("give at least one --model NAME=HASH, or --module with code other "
+                          "than the steps ran (a module change)")
     for name, h in rebind.items():
         if not is_hash(h):
             raise ShadowError(f"--model {name}={h}: not a sha256:<64 hex> model hash")
@@ -430,7 +463,6 @@ async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapp
                       ) -> tuple[dict[str, Any], ShadowReportRecord]:
     """Shadow the recorded requests of steps ``from_seq``..``to_seq`` (default: every step)
     with the models ``rebind`` names; returns the report and its summary record."""
-    _check_rebind(rebind)
     await _check_present(bootstrap, topics.all_topics(wid), f"workload {wid!r}")
     live = await read_workload_log(bootstrap, wid, with_facts=False)
     last = _last_step(live)
@@ -442,13 +474,16 @@ async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapp
         raise ShadowError(f"--from {lo} --to {hi}: not a range of steps")
     if hi > last:
         raise ShadowError(f"--to {hi}: the log has steps 0..{last}")
+    change = _module_change(workload, live, lo, hi)
+    _check_rebind(rebind, change)
     ev = ShadowEvalRecord(
-        eval_id=eval_id or default_eval_id(rebind, f"{lo}-{hi}"), workload_id=wid,
-        models=dict(rebind), mode="history", from_seq=lo, to_seq=hi, deadline_ms=deadline_ms,
-        created_ms=int(time.time() * 1000), created_by=_who())
-    _check_module(workload, live, ev)
+        eval_id=eval_id or default_eval_id(rebind, f"{lo}-{hi}", change and change[0]),
+        workload_id=wid, models=dict(rebind), mode="history", from_seq=lo, to_seq=hi,
+        deadline_ms=deadline_ms, created_ms=int(time.time() * 1000), created_by=_who(),
+        module_hash=change and change[0], workload_class=change and change[1])
+    code = await _code(bootstrap, workload, live, ev, hi)
     pairs = plan(live, ev)
-    if not pairs:
+    if not pairs and change is None:
         raise ShadowError(f"no recorded request of steps {lo}..{hi} names a model bound to "
                           f"{', '.join(sorted(rebind))} (or every one is bound to the new hash "
                           "already)")
@@ -462,7 +497,7 @@ async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapp
         await issuer.run(timeout_s=timeout_s)
     finally:
         await issuer.close()
-    return await _finish(bootstrap, workload, ev, hi, progress)
+    return await _finish(bootstrap, workload, ev, hi, progress, code)
 
 
 async def run_live(bootstrap: str, workload: Workload, wid: str, rebind: Mapping[str, str], *,
@@ -473,18 +508,21 @@ async def run_live(bootstrap: str, workload: Workload, wid: str, rebind: Mapping
     """Shadow the live requests of the next ``window_s`` seconds: each request the holder writes
     that names a rebound model is re-issued as it appears; after the window, the steps taken
     in it are folded and diffed. Acted on by nothing."""
-    _check_rebind(rebind)
     if window_s <= 0:
         raise ShadowError("--window must be positive")
     await _check_present(bootstrap, topics.all_topics(wid), f"workload {wid!r}")
     live = await read_workload_log(bootstrap, wid, with_facts=False)
     start_seq = _last_step(live) + 1
     now = int(time.time() * 1000)
+    change = _module_change(workload, live, start_seq, None)
+    _check_rebind(rebind, change)
     ev = ShadowEvalRecord(
-        eval_id=eval_id or default_eval_id(rebind, f"live-{now}"), workload_id=wid,
-        models=dict(rebind), mode="live", from_seq=start_seq, window_ms=int(window_s * 1000),
-        deadline_ms=deadline_ms, created_ms=now, created_by=_who())
-    _check_module(workload, live, ev)
+        eval_id=eval_id or default_eval_id(rebind, f"live-{now}", change and change[0]),
+        workload_id=wid, models=dict(rebind), mode="live", from_seq=start_seq,
+        window_ms=int(window_s * 1000), deadline_ms=deadline_ms, created_ms=now,
+        created_by=_who(), module_hash=change and change[0],
+        workload_class=change and change[1])
+    code = await _code(bootstrap, workload, live, ev, None)
     await _check_models_held(bootstrap, rebind)
     ev = await _define(bootstrap, ev, progress)
     issuer = _Issuer(bootstrap, wid, ev.eval_id, outstanding, progress)
@@ -536,7 +574,7 @@ async def run_live(bootstrap: str, workload: Workload, wid: str, rebind: Mapping
     finally:
         await tail.stop()
         await issuer.close()
-    return await _finish(bootstrap, workload, ev, to_seq, progress)
+    return await _finish(bootstrap, workload, ev, to_seq, progress, code)
 
 
 async def show(bootstrap: str, workload: Workload, eval_id: str, wid: str | None = None
@@ -552,7 +590,7 @@ async def show(bootstrap: str, workload: Workload, eval_id: str, wid: str | None
         raise ShadowError(f"evaluation {eval_id} has no report yet (it did not finish: run it "
                           "again to resume)")
     live = await read_workload_log(bootstrap, wid, with_facts=False)
-    _check_module(workload, live, ev)
+    code = await _code(bootstrap, workload, live, ev, recorded.to_seq)
     ends = recorded.ends
     live = cut_log(live, {k: v for k, v in ends.items() if not k.startswith("shadow.")})
     out_view, resp_view = await asyncio.gather(
@@ -562,5 +600,6 @@ async def show(bootstrap: str, workload: Workload, eval_id: str, wid: str | None
     resp_view = cut_view(resp_view, ends.get("shadow.resp", resp_view.end))
     report = evaluate(workload, live, ev, out_view=out_view, resp_view=resp_view,
                       to_seq=recorded.to_seq, topics_of=_topics_of(wid, eval_id),
-                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view))
+                      resp_resolved=await _answers_resolved(bootstrap, live, resp_view),
+                      code=code)
     return report, recorded, report["report_hash"] == recorded.report_hash

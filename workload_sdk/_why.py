@@ -150,10 +150,16 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             "claim": {"offset": claim_offset, "holder_id": claim.holder_id,
                       "spec_offset": claim.spec_offset, "spec_hash": claim.spec_hash,
                       "from_seq": claim.from_seq},
-            "spec": {"offset": spec_offset, "module_hash": spec.module_hash,
+            # the code that ran the step (SpecRecord.module_at: fx workload deploy)
+            "spec": {"offset": spec_offset, "module_hash": spec.module_at(seq)[0],
                      "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq),
                      "binding_switch_at": switch},
         }
+        module_switch = max((s.at_step for s in spec.module_switches if s.at_step <= seq),
+                            default=None)
+        if module_switch is not None:
+            node["spec"]["module_switch_at"] = module_switch
+            node["spec"]["workload_class"] = spec.module_at(seq)[1]
         if seq not in by_seq:
             merge = log["merge"]
             first = min(by_seq, default=None)
@@ -260,6 +266,9 @@ def render_tree(tree: dict[str, Any]) -> str:
         adopted = "" if c.get("from_seq") is None else f" (adopted from step {c['from_seq']})"
         switched = ("" if s.get("binding_switch_at") is None
                     else f", binding switched at input offset {s['binding_switch_at']}")
+        if s.get("module_switch_at") is not None:
+            switched += (f", code deployed at step {s['module_switch_at']} "
+                         f"({s['workload_class']})")
         lines.append(f"{pad}  claim @{c['offset']} holder {c['holder_id']} -> spec "
                      f"@{s['offset']}{adopted} module {s['module_hash'][:19]}… models "
                      f"{s['models']}{switched}")

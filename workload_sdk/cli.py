@@ -35,7 +35,8 @@ from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
 from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from fx_kafka.workloads import needs_workload
-from workload_sdk._api import WorkloadError, module_hash
+from workload_sdk._api import Workload, WorkloadError, module_hash
+from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._election import ElectionConfig, HolderElection
 from workload_sdk._holder import Fenced, HolderConfig, LeaseHolder, NoSpec
 from workload_sdk._kafka_io import default_unsigned_policy, read_workload_log
@@ -216,10 +217,11 @@ def _spec(args: argparse.Namespace) -> int:
     except ModelCheckError as exc:
         print(f"fx workload spec: {exc}", file=sys.stderr, flush=True)
         return EXIT_WORKLOAD
+    workload = load_workload(args.module)
     spec = SpecRecord(
         workload_id=args.id,
         unchecked_models=tuple(unchecked),
-        module_hash=module_hash(load_workload(args.module)),
+        module_hash=module_hash(workload),
         unsigned=args.unsigned or default_unsigned_policy(),
         signers=signers,
         effect_kinds=tuple(args.kind or ()),
@@ -239,6 +241,7 @@ def _spec(args: argparse.Namespace) -> int:
     except TopicConfigError as exc:
         print(f"spec not written: {exc}", file=sys.stderr, flush=True)
         return EXIT_MISMATCH
+    _store_code(_bootstrap(args), workload)
     print(f"spec written to {topics.spec(args.id)}@{offset}")
     return 0
 
@@ -271,6 +274,37 @@ class _ChunkNotStored(Exception):
 
 #: What ``fx workload input --inline`` says to do about an input over the inline limit.
 CLI_REMEDY = "drop --inline to store it as a chunk of the workload and write its reference"
+
+
+def _store_code(bootstrap: str, workload: Workload) -> None:
+    """Keep the spec's module in the module store (``sys.modules``), so a later holder, replay or
+    audit can run the steps it runs after the workload's code changed (``fx workload
+    deploy``). Code without a UTF-8 source file is said, not stored."""
+    from aiokafka.errors import KafkaError
+
+    from workload_sdk._module_store import module_record, store_module
+
+    try:
+        asyncio.run(store_module(bootstrap, module_record(workload)))
+    except (ValueError, KafkaError, OSError) as exc:
+        print(f"module not stored in {topics.MODULES}: {exc!r} (fx workload deploy stores it "
+              "later)", file=sys.stderr, flush=True)
+
+
+def _code(bootstrap: str, workload: Workload | None) -> Code:
+    """The code each step ran: the module store, and ``workload`` (``--module``, if given),
+    which also stands in for a module the store lacks (said by :func:`_stood_in`)."""
+    from workload_sdk._module_store import read_modules
+
+    return Code(workload, asyncio.run(read_modules(bootstrap)), fallback=True)
+
+
+def _stood_in(code: Code) -> str | None:
+    """What to say when ``--module`` ran steps whose own code is not in the module store."""
+    if not code.stood_in:
+        return None
+    return (f"note: module {', '.join(sorted(code.stood_in))} is not in the module store "
+            f"{topics.MODULES}: its steps ran --module ({code.given_hash}) instead")
 
 
 def _input(args: argparse.Namespace) -> int:
@@ -340,21 +374,28 @@ async def _produce(bootstrap: str, workload_id: str, topic: str, value: bytes, *
 
 def _replay(args: argparse.Namespace) -> int:
     _model_dir(args)
-    if not args.module:
-        raise SystemExit("replay needs --module MODULE:Class (the code to fold with)")
-    workload = load_workload(args.module)
+    if args.diff and not args.module:
+        raise SystemExit("replay --diff needs --module MODULE:Class (the new code)")
+    if args.from_step is not None and not args.diff:
+        raise SystemExit("--from-step is for --diff (the step the new code runs from)")
+    workload = load_workload(args.module) if args.module else None
     try:
+        code = _code(_bootstrap(args), None if args.diff else workload)
         log = asyncio.run(read_workload_log(_bootstrap(args), args.id, with_facts=False,
                                             chunk_dir=args.chunk_dir))
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
     if args.diff:
+        assert workload is not None
         try:
-            report = diff(workload, log)
+            report = diff(workload, log, code=code, from_step=args.from_step or 0)
         except LogGap as exc:
             print(f"diff stopped: {exc}", file=sys.stderr)
             return EXIT_GAP
+        except ModuleUnavailable as exc:
+            print(f"diff cannot run the recorded code: {exc}", file=sys.stderr)
+            return EXIT_MISMATCH
         if args.json:
             _print_json(report.as_dict())
         else:
@@ -371,11 +412,14 @@ def _replay(args: argparse.Namespace) -> int:
         return 0 if report.kind == "same" else EXIT_DIFF
     try:
         result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start,
-                        trust_log=args.trust_log)
+                        trust_log=args.trust_log, code=code)
         problems = compare_outputs(result, log)
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
+    except ModuleUnavailable as exc:
+        print(f"replay cannot run the recorded code: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
     except ReplayError as exc:
         print(f"replay disagrees with the merge log: {exc}", file=sys.stderr)
         return EXIT_MISMATCH
@@ -386,6 +430,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"replay cannot run the step: {exc}", file=sys.stderr)
         return EXIT_MISMATCH
     core = result.core
+    if (said := _stood_in(code)) is not None:
+        print(said, file=sys.stderr)
     summary = {
         "workload_id": args.id,
         "seq": core.seq,
@@ -541,6 +587,28 @@ async def _read_audit_log(bootstrap: str, workload_id: str, *,
     return log, settled
 
 
+def _audit_code(bootstrap: str, workload: Workload | None, log: WorkloadLog) -> Code | None:
+    """The code ``fx audit`` replays with: with ``--module``, it and the module store (each
+    range of steps with the module its spec names); without, the module store alone when it
+    holds every module a claimed spec runs (else None: replay is skipped, as before)."""
+    from workload_sdk._module_store import read_modules
+
+    try:
+        code = Code(workload, asyncio.run(read_modules(bootstrap)), fallback=True)
+    except (OSError, TimeoutError) as exc:
+        print(f"fx audit: the module store cannot be read ({exc!r}): replaying with --module "
+              "alone", file=sys.stderr)
+        return None
+    if workload is not None:
+        return code
+    try:
+        named = [m for o in sorted({c.spec_offset for c in log.claims()})
+                 if isinstance(s := log["spec"].get(o), SpecRecord) for m in s.module_hashes()]
+    except LogGap:  # the audit reports it
+        return None
+    return code if named and all(code.has(m) for m in named) else None
+
+
 def _audit(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
@@ -575,8 +643,11 @@ def _audit(args: argparse.Namespace) -> int:
     except (KafkaError, TimeoutError, OSError) as exc:
         print(f"fx audit: cannot read the log of {args.id}: {exc!r}", file=sys.stderr)
         return EXIT_AUDIT_USAGE
+    code = _audit_code(bootstrap, workload, log)
     report = audit(log, workload, key_history=history, clock_skew_ms=args.clock_skew_ms,
-                   merge_settled=settled)
+                   merge_settled=settled, code=code)
+    if code is not None and (said := _stood_in(code)) is not None:
+        report["replay"].note(said.removeprefix("note: "))
     if not settled:
         report.notes.append(f"{topics.stream(args.id, 'merge')} grew while it was read "
                             f"{AUDIT_READS} times (a live holder): outputs past the end of the "
@@ -708,6 +779,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bootstrap_arg(spec)
     spec.set_defaults(func=_spec)
 
+    from workload_sdk._deploy import register as register_deploy
+
+    register_deploy(sub)
+
     inp = sub.add_parser("input", help="append an input record to wl.<id>.in (over the inline "
                          "limit: stored as a chunk, the record carries its reference)")
     inp.add_argument("id")
@@ -732,8 +807,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rp = subparsers.add_parser("replay", help="rebuild a workload's state from its log "
                                "(never calls an executor)")
     rp.add_argument("id")
-    rp.add_argument("--module", help="MODULE:Class: the code to fold with (with --diff: the "
-                    "new code)")
+    rp.add_argument("--module", help="MODULE:Class: code at hand (default: each step's code "
+                    "from the module store, by the hash its spec names; with --diff: the new "
+                    "code)")
     rp.add_argument("--to", type=int, help="stop after the step at this merge seq")
     rp.add_argument("--from-start", action="store_true", help="ignore snapshots")
     rp.add_argument("--trust-log", action="store_true",
@@ -742,6 +818,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "(docs/replay.md)")
     rp.add_argument("--diff", action="store_true", help="run --module over the recorded "
                     "inputs and answers and report the first output that differs")
+    rp.add_argument("--from-step", type=int, metavar="STEP",
+                    help="with --diff: the steps before STEP run the code recorded for them "
+                    "(the module store), --module runs from STEP on: what deploying it there "
+                    "would have done")
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--model-dir", metavar="DIR",
                     help="mode A: where the spec's local_models are loaded from, to recompute "

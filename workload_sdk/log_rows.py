@@ -113,7 +113,9 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
         return Row(*base, "input", who=rec.source, summary=_body_text(rec.body))
     if isinstance(rec, SpecRecord):
         return Row(*base, "spec",
-                   summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}")
+                   summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}"
+                   + "".join(f"; code {sw.module_hash[:19]}… ({sw.workload_class}) from step "
+                             f"{sw.at_step}" for sw in rec.module_switches))
     if isinstance(rec, ClaimRecord):
         adopted = "" if rec.from_seq is None else f", adopted from step {rec.from_seq}"
         return Row(*base, "claim", epoch=rec.epoch, who=rec.holder_id,

@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 import broker_schema as bs
+from broker_schema.canonical import sha256_hex
 
 HEX = "0123456789abcdef"
 hashes = st.text(alphabet=HEX, min_size=64, max_size=64).map(lambda h: "sha256:" + h)
@@ -100,6 +101,10 @@ records: st.SearchStrategy[Any] = st.one_of(
               binding_switches=st.lists(small, max_size=3, unique=True).map(
                   lambda offs: tuple(bs.BindingSwitch(at_input_offset=o, models={})
                                      for o in sorted(offs))),
+              module_switches=st.lists(small, max_size=2, unique=True).map(
+                  lambda steps: tuple(bs.ModuleSwitch(at_step=o, module_hash="sha256:" + "ab" * 32,
+                                                      workload_class="Gate")
+                                      for o in sorted(steps))),
               outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets,
               chunks_from=st.lists(workload_ids, max_size=2).map(tuple)).flatmap(
         lambda spec: st.dictionaries(st.sampled_from(spec.effect_kinds or (bs.INFERENCE_KIND,)),
@@ -160,6 +165,10 @@ records: st.SearchStrategy[Any] = st.one_of(
               written_us=offsets).map(
         lambda m: m.model_copy(update={"output": bs.InlineBody.of_json({"read_back": 40})})
         if m.entry == "done" else m),
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=40).map(
+        lambda src: bs.ModuleRecord(module_hash=sha256_hex(src.encode()), workload_class="Gate",
+                                    filename="gate.py", source=src, written_by="ops",
+                                    written_us=1)),
     st.builds(bs.RejectedRecord, topic=st.just("wl.x.out"), partition=st.just(0), offset=offsets,
               code=st.sampled_from([*bs.DECODE_CODES, "wrong_workload"]),
               detail=st.text(max_size=30),

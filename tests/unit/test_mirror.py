@@ -36,8 +36,9 @@ def _site(*wids: str, extra: tuple[str, ...] = ()) -> list[str]:
 def test_a_named_workload_goes_with_its_shadows_and_the_system_topics() -> None:
     shadow = T.shadow_stream("w1", "e1", "out")
     names = select_topics(_site("w1", "w2", extra=(shadow, T.FACTS, T.KEYS, T.CHUNKS,
-                                                    T.ledger("node-a"))), workloads=["w1"])
-    assert names == sorted([*T.all_topics("w1"), shadow, T.FACTS, T.KEYS, T.CHUNKS,
+                                                    T.MODULES, T.ledger("node-a"))),
+                          workloads=["w1"])
+    assert names == sorted([*T.all_topics("w1"), shadow, T.FACTS, T.KEYS, T.CHUNKS, T.MODULES,
                             T.ledger("node-a")])
     assert not any(n.startswith(T.prefix("w2")) for n in names)
     bare = select_topics(_site("w1", extra=(T.FACTS,)), workloads=["w1"], system=False)

@@ -157,11 +157,32 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
 
         # --- replayable: fx shadow show recomputes the same report from the records ---------
         shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "hist1",
-                                        "--module", MODULE, "--json")
+                                        "--workload", wid, "--module", MODULE, "--json")
         assert shown.returncode == 0, shown.stderr[-3000:]
         again = json.loads(shown.stdout)
         assert again["reproduced"] is True
         assert again["report"]["report_hash"] == report["report_hash"]
+
+        # --- a module change beside the rebinding (issue 26): other code, the same decisions -
+        # (a copy of the gate with one comment more: another module hash, the same behaviour)
+        changed_code = tmp_path / "gate_changed.py"
+        source = (ROOT / "workload_sdk" / "examples" / "filetype_gate.py").read_text()
+        changed_code.write_text(source + "# the same gate, deployed again\n")
+        mod = await asyncio.to_thread(
+            _fx, kafka_bootstrap, "shadow", wid, "--module", f"{changed_code}:FiletypeGate",
+            "--model", f"filetype={v33}", "--eval-id", "modrebind", "--json")
+        assert mod.returncode == 1, mod.stderr[-3000:]
+        mrep = json.loads(mod.stdout)["report"]
+        assert mrep["module"]["workload_class"] == "FiletypeGate", mrep.get("module")
+        assert mrep["requests"] == mrep["answered"] == len(history)
+        assert mrep["requests_diverged_at"] is None, mrep["divergence"]
+        assert (mrep["label_changes"], mrep["decisions_differ"]) == (
+            report["label_changes"], report["decisions_differ"])
+        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "modrebind",
+                                        "--workload", wid, "--module",
+                                        f"{changed_code}:FiletypeGate", "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["reproduced"] is True, \
+            shown.stderr[-3000:]
 
         # --- bad input: clear refusals, nothing written --------------------------------------
         bad = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", wid, "--module", MODULE,
@@ -202,7 +223,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         assert all(d["model"] == v32 for d in _decisions(final))
         assert h.stop(holder) == 0
         shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "live1",
-                                        "--module", MODULE, "--json")
+                                        "--workload", wid, "--module", MODULE, "--json")
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert json.loads(shown.stdout)["reproduced"] is True
         h.stop(executor)

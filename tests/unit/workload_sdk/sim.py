@@ -114,6 +114,9 @@ class Sim:
     #: The workload's chunk store (hash -> bytes): what the holder stored (big snapshots) and
     #: what :meth:`put_chunk` put.
     chunks: dict[str, bytes] = field(default_factory=dict)
+    #: Which code runs each step (``workload_sdk._code.Code``, for a spec with module
+    #: switches); None: ``workload`` runs every step.
+    code: Any = None
 
     def append(self, stream: str, record: Any, *, txn_gap: bool = False) -> int:
         view = self.log[stream]
@@ -225,7 +228,7 @@ class SimHolder:
     def __init__(self, sim: Sim, epoch: int) -> None:
         self.sim = sim
         self.epoch = epoch
-        result = replay(sim.workload, sim.log)
+        result = replay(sim.workload, sim.log, code=sim.code)
         self.core: Core = result.core
         missing = missing_outputs(result, sim.log)
         if missing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_schema import BindingSwitch, ClaimRecord, SpecRecord, encode, record_hash
+from broker_schema import BindingSwitch, ClaimRecord, ModuleSwitch, SpecRecord, encode, record_hash
 from broker_schema.binding import claim_in_force, spec_in_force, switch_problem
 from tests.unit.workload_sdk.sim import WID, make_spec
 from workload_sdk._bindings import BindingChangeError, plan_rollback, plan_upgrade
@@ -50,8 +50,15 @@ def test_a_spec_is_adopted_only_when_it_rebinds_nothing_passed() -> None:
     base = spec.model_copy(update={"models": {**spec.models, "m": B}})
     assert switch_problem(spec, base, 0) is None
     assert "input offset 0" in (switch_problem(spec, base, 1) or "")
+    # other code for a step already taken is refused; from a later step it is a module switch
     other_module = spec.model_copy(update={"module_hash": C})
-    assert "another module" in (switch_problem(spec, other_module, 0) or "")
+    assert switch_problem(spec, other_module, 0) is None
+    assert "other code at step 0" in (switch_problem(spec, other_module, 1) or "")
+    deployed = spec.model_copy(update={"module_switches": (
+        ModuleSwitch(at_step=7, module_hash=C, workload_class="W"),)})
+    assert switch_problem(spec, deployed, 7) is None
+    assert "other code at step 7" in (switch_problem(spec, deployed, 8) or "")
+    assert switch_problem(deployed, deployed, 50) is None
     # limits and deadlines may change from the next step
     assert switch_problem(spec, spec.model_copy(update={"outstanding_limit": 9}), 50) is None
 
