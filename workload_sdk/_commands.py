@@ -10,7 +10,7 @@ tests/integration/workload_sdk/test_mistakes.py runs every one of them.
 
 from __future__ import annotations
 
-__all__ = ["MODULE_PLACEHOLDER", "replay_command", "show_command"]
+__all__ = ["MODULE_PLACEHOLDER", "replay_command", "show_command", "skip_command"]
 
 #: Stands for the workload's code in a printed command: ``pkg.module:Class`` or
 #: ``file.py:Class`` (whatever hashes to the spec's ``module_hash``).
@@ -27,3 +27,8 @@ def show_command(workload_id: str, eval_id: str, module: str | None = None) -> s
     from the records (and checked against the recorded hash); without, the recorded summary."""
     tail = f" --module {module}" if module else ""
     return f"fx shadow show {eval_id} --workload {workload_id}{tail}"
+
+
+def skip_command(workload_id: str, input_offset: int) -> str:
+    """``fx workload skip`` of input ``input_offset``, the reason for the operator to write."""
+    return f"fx workload skip {workload_id} --input {input_offset} --reason 'REASON'"
