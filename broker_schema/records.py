@@ -799,6 +799,10 @@ class FactsRecord(_Model):
     public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
     key_id: Hash
     updated_us: Micros
+    #: The chunk store this node reads and writes chunks in (:data:`ChunkStoreKind`): a lease
+    #: holder refuses to start when a live node serving its kinds uses another than its spec's
+    #: ``chunk_store``. Left out of the canonical bytes at its default, ``kafka``.
+    chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
 
 
 PublicKeyText = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from broker_schema import FactsRecord, SpecRecord
 
-__all__ = ["LATEST_BINDING", "live_facts", "placement_missing"]
+__all__ = ["LATEST_BINDING", "chunk_store_problem", "live_facts", "placement_missing"]
 
 #: The input offset whose binding :func:`placement_missing` checks: past every switch.
 LATEST_BINDING = 2**53 - 1
@@ -48,3 +48,25 @@ def placement_missing(spec: SpecRecord, facts: Iterable[FactsRecord], *, now_us:
                    for f in live):
             missing.append(f"model {model}")
     return missing
+
+
+def chunk_store_problem(spec: SpecRecord, facts: Iterable[FactsRecord], *, holder_store: str,
+                        holder_where: str, now_us: int, max_age_s: float) -> str | None:
+    """Why a holder whose chunk store is ``holder_store`` (``kafka`` or ``fs``; ``holder_where``
+    says where, for people) may not run ``spec``, one line; None when it may. Every service of
+    a workload keeps chunks in one store, the spec's ``chunk_store``: the holder's must be it,
+    and so must that of every live node serving a kind the spec binds (what a node wrote its
+    chunks to, the holder could not read, nor the other way round)."""
+    fix = "use one chunk store for every service (docs/operations.md, \"One chunk store\")"
+    if holder_store != spec.chunk_store:
+        return (f"this holder keeps chunks in {holder_where} ({holder_store}); the spec of "
+                f"{spec.workload_id} says chunk_store = {spec.chunk_store}: {fix}")
+    bound = set(spec.effect_kinds)
+    others = sorted(f"{f.node_id} ({f.chunk_store})"
+                    for f in live_facts(facts, now_us=now_us, max_age_s=max_age_s)
+                    if f.chunk_store != spec.chunk_store and bound & {k.kind for k in f.kinds})
+    if others:
+        return (f"the spec of {spec.workload_id} says chunk_store = {spec.chunk_store} and "
+                f"this holder uses it, but live nodes serving its kinds keep chunks elsewhere: "
+                f"{', '.join(others)}: {fix}")
+    return None

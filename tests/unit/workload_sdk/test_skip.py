@@ -42,10 +42,7 @@ class Adder(Workload):
     def step(self, state: State, event: InputEvent | EffectResult) -> tuple[State,
                                                                             Sequence[Output]]:
         assert isinstance(event, InputEvent)
-        if isinstance(event.body, ChunkRef):
-            value = len(event.bytes())
-        else:
-            value = int(event.json())
+        value = len(event.bytes()) if isinstance(event.body, ChunkRef) else int(event.json())
         if value == 13:
             state["sum"] = -1  # in place, then raise: the fold must not keep it
             raise ValueError("thirteen is unlucky")
@@ -199,3 +196,35 @@ def test_the_new_fields_keep_old_bytes_at_their_defaults_and_are_checked() -> No
         SkipAlarmRecord(alarm_id="x", workload_id=WID, input_offset=1, seq=0,
                         skip=SkipNote(cause="operator", detail="x"), raised_by="h",
                         raised_us=0)
+
+
+def test_one_chunk_store_a_holder_or_a_live_node_using_another_is_named() -> None:
+    from broker_schema import INFERENCE_KIND, FactsRecord, KindServed
+    from workload_sdk._placement import chunk_store_problem
+
+    spec = SpecRecord(workload_id=WID, module_hash=module_hash(Adder),
+                      effect_kinds=(INFERENCE_KIND,))
+
+    def node(name: str, store: str, kind: str = INFERENCE_KIND, at: int = 4_500_000) -> FactsRecord:
+        return FactsRecord(node_id=name, kinds=(KindServed(kind=kind, queue_limit=1),),
+                           public_key="MCowBQYDK2VwAyEA", key_id="sha256:" + "0" * 64,
+                           updated_us=at, chunk_store=store)  # type: ignore[arg-type]
+
+    def problem(facts: list[FactsRecord], holder: str = "kafka",
+                on: SpecRecord = spec) -> str | None:
+        return chunk_store_problem(on, facts, holder_store=holder, holder_where="sys.chunks"
+                                   if holder == "kafka" else "the directory /d",
+                                   now_us=5_000_000, max_age_s=1.0)
+
+    assert problem([node("a", "kafka")]) is None
+    said = problem([], holder="fs")
+    assert said is not None and "the directory /d (fs)" in said and "chunk_store = kafka" in said
+    said = problem([node("a", "kafka"), node("b", "fs")])
+    assert said is not None and "b (fs)" in said and "a (" not in said
+    assert "docs/operations.md" in said
+    # a node serving other kinds, or not live, is not asked
+    assert problem([node("c", "fs", kind="x:y@1.0.0")]) is None
+    assert problem([node("d", "fs", at=0)]) is None
+    fs_spec = spec.model_copy(update={"chunk_store": "fs"})
+    assert problem([node("e", "fs")], holder="fs", on=fs_spec) is None
+    assert b'"chunk_store"' not in encode(node("a", "kafka"))
