@@ -97,8 +97,9 @@ class HolderRefs:
             if problem.why == "forbidden":
                 return item
             attempt += 1
-            delay = backoff_s(attempt, cap_s=2.0)
-            if not problem.retry or time.monotonic() + delay > give_up:
+            left = give_up - time.monotonic()
+            delay = min(backoff_s(attempt, cap_s=2.0), max(left, 0.0) + 0.05)
+            if not problem.retry or left <= 0:
                 if policy is None:
                     waited = f" (waited {cfg.ref_wait_s:.0f} s for it)" if problem.retry else ""
                     raise RefGap(topic, item.offset, ref, f"its {ref.type} reference cannot be "
