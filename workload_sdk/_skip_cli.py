@@ -17,6 +17,8 @@ import getpass
 import socket
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -24,6 +26,7 @@ from aiokafka import TopicPartition
 from broker_schema import DecodeError, MergeEntry, SkipOrderRecord, decode, encode, topics
 from fx_kafka.client import make_consumer, make_producer
 from fx_kafka.security import ClientSecurity
+from fx_kafka.workloads import needs_workload
 
 __all__ = ["register"]
 
@@ -99,31 +102,30 @@ async def write_order(bootstrap: str, workload_id: str, input_offset: int, reaso
         "the skip raises an alarm: fx alarms")
 
 
-def _skip(args: argparse.Namespace) -> int:
-    from workload_sdk.cli import EXIT_MISMATCH, _bootstrap
-
+def _skip(args: argparse.Namespace, *, bootstrap: Callable[[argparse.Namespace], str],
+          refused: int) -> int:
     reason = args.reason.strip()
     if args.input < 0:
         print("fx workload skip: --input is an offset on wl.<id>.in (0 or more)",
               file=sys.stderr)
-        return EXIT_MISMATCH
+        return refused
     if not reason:
         print("fx workload skip: --reason must say why (it is recorded)", file=sys.stderr)
-        return EXIT_MISMATCH
-    offset, message = asyncio.run(write_order(_bootstrap(args), args.id, args.input,
+        return refused
+    offset, message = asyncio.run(write_order(bootstrap(args), args.id, args.input,
                                               reason[:4096], principal_of(args.by)))
     if offset is None:
         print(f"fx workload skip: {message}", file=sys.stderr)
-        return EXIT_MISMATCH
+        return refused
     print(message)
     return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bootstrap_arg: Any) -> None:
-    """Add ``fx workload skip`` to the ``fx workload`` subcommands."""
-    from fx_kafka.workloads import needs_workload
-    from workload_sdk.cli import EXIT_MISMATCH, _bootstrap
+             bootstrap_arg: Callable[[argparse.ArgumentParser], None],
+             bootstrap: Callable[[argparse.Namespace], str], refused: int) -> None:
+    """Add ``fx workload skip`` to the ``fx workload`` subcommands: ``bootstrap_arg`` adds the
+    broker option, ``bootstrap`` reads it, ``refused`` is the exit code of a refusal."""
 
     skip = sub.add_parser("skip", help="skip one input on the record (an operator's order: "
                           "the holder records it, with who and why, and raises an alarm)")
@@ -135,4 +137,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                       help="who orders it (default user@host; on a secured broker always the "
                       "SASL user)")
     bootstrap_arg(skip)
-    skip.set_defaults(func=needs_workload(_skip, exit_code=EXIT_MISMATCH, bootstrap=_bootstrap))
+    skip.set_defaults(func=needs_workload(partial(_skip, bootstrap=bootstrap, refused=refused),
+                                          exit_code=refused, bootstrap=bootstrap))

@@ -673,7 +673,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bootstrap_arg(inp)
     inp.set_defaults(func=needs_workload(_input, exit_code=EXIT_MISMATCH,
                                         bootstrap=_bootstrap))
-    register_skip(sub, bootstrap_arg)
+    register_skip(sub, bootstrap_arg, _bootstrap, EXIT_MISMATCH)
 
     rp = subparsers.add_parser("replay", help="rebuild a workload's state from its log "
                                "(never calls an executor)")
