@@ -212,16 +212,23 @@ def test_one_chunk_store_a_holder_or_a_live_node_using_another_is_named() -> Non
 
     def problem(facts: list[FactsRecord], holder: str = "kafka",
                 on: SpecRecord = spec) -> str | None:
+        return check(facts, holder, on)[0]
+
+    def check(facts: list[FactsRecord], holder: str = "kafka",
+              on: SpecRecord = spec) -> tuple[str | None, list[str]]:
         return chunk_store_problem(on, facts, holder_store=holder, holder_where="sys.chunks"
                                    if holder == "kafka" else "the directory /d",
                                    now_us=5_000_000, max_age_s=1.0)
 
-    assert problem([node("a", "kafka")]) is None
+    assert check([node("a", "kafka")]) == (None, [])
     said = problem([], holder="fs")
     assert said is not None and "the directory /d (fs)" in said and "chunk_store = kafka" in said
-    said = problem([node("a", "kafka"), node("b", "fs")])
-    assert said is not None and "b (fs)" in said and "a (" not in said
+    # every node serving a bound kind elsewhere: refused, naming them
+    said = problem([node("b", "fs"), node("b2", "fs")])
+    assert said is not None and "b (fs), b2 (fs)" in said and INFERENCE_KIND in said
     assert "docs/operations.md" in said
+    # some serve it with the spec's store: the others may serve other workloads (a warning)
+    assert check([node("a", "kafka"), node("b", "fs")]) == (None, ["b (fs)"])
     # a node serving other kinds, or not live, is not asked
     assert problem([node("c", "fs", kind="x:y@1.0.0")]) is None
     assert problem([node("d", "fs", at=0)]) is None
