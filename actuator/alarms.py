@@ -3,9 +3,11 @@
 An alarm is written by the lease holder, in the same transaction as the ``unknown`` outcome of an
 ``at-most-once`` actuation or the ``timeout`` of any actuation, and by a gateway whose device did
 not confirm a write in time, with the register read back (docs/actuation.md, "Alarms"): the command
-may have acted, or did not, and nothing will retry it, so a person must look. An operator
-acknowledges it with an ``alarm_ack`` record (who, and a note); both stay on the topic as its
-history. :func:`alarm_states` is the pure fold. """
+may have acted, or did not, and nothing will retry it, so a person must look; or (a
+``skip_alarm``) in the transaction of the merge entry that skipped an input on the record
+(docs/workloads.md, "Bad inputs"). An operator acknowledges it with an ``alarm_ack`` record (who,
+and a note); both stay on the topic as its history. :func:`alarm_states` is the pure fold.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker_schema import DecodeError, decode, encode, topics
-from broker_schema.records import AlarmAckRecord, AlarmRecord
+from broker_schema.records import AlarmAckRecord, AlarmRecord, SkipAlarmRecord
 from fx_kafka.client import make_consumer, make_producer, read_partition
 
 __all__ = ["AlarmState", "acknowledge", "alarm_states", "read_alarms"]
@@ -26,7 +28,7 @@ class AlarmState:
 
     offset: int
     time_ms: int
-    alarm: AlarmRecord
+    alarm: AlarmRecord | SkipAlarmRecord
     ack: AlarmAckRecord | None = None
 
     @property
@@ -35,7 +37,10 @@ class AlarmState:
         return self.ack is None
 
 
-def alarm_states(records: Iterable[tuple[int, int, AlarmRecord | AlarmAckRecord]]
+Alarm = AlarmRecord | SkipAlarmRecord
+
+
+def alarm_states(records: Iterable[tuple[int, int, Alarm | AlarmAckRecord]]
                  ) -> list[AlarmState]:
     """Every alarm of ``records`` (``(offset, broker time, record)`` in log order) with its
     first acknowledgement, in the order they were raised. The first alarm of an id counts (a
@@ -43,7 +48,7 @@ def alarm_states(records: Iterable[tuple[int, int, AlarmRecord | AlarmAckRecord]
     no alarm, acknowledges nothing. Pure."""
     alarms: dict[str, AlarmState] = {}
     for offset, time_ms, record in records:
-        if isinstance(record, AlarmRecord):
+        if isinstance(record, AlarmRecord | SkipAlarmRecord):
             alarms.setdefault(record.alarm_id, AlarmState(offset, time_ms, record))
         else:
             state = alarms.get(record.alarm_id)
@@ -63,13 +68,13 @@ async def read_alarms(bootstrap: str, *, timeout: float = 30.0) -> list[AlarmSta
         read = await read_partition(consumer, topics.ALARMS, timeout=timeout)
     finally:
         await consumer.stop()
-    records: list[tuple[int, int, AlarmRecord | AlarmAckRecord]] = []
+    records: list[tuple[int, int, Alarm | AlarmAckRecord]] = []
     for offset, time_ms, value in read.records:
         try:
             record = decode(value, topic=topics.ALARMS)
         except DecodeError:
             continue
-        if isinstance(record, AlarmRecord | AlarmAckRecord):
+        if isinstance(record, AlarmRecord | SkipAlarmRecord | AlarmAckRecord):
             records.append((offset, time_ms, record))
     return alarm_states(records)
 

@@ -119,7 +119,20 @@ PassOverReason = Literal[
     # a signed answer whose signature does not verify with a key the spec's ``signers`` trusts
     # for the answering node (or from a node it does not list)
     "untrusted_key",
+    # an input skipped on the record (:class:`SkipNote` says why: its reference could not be
+    # read within the spec's ``input_policy``, its step raised, or an operator skipped it)
+    "quarantined",
 ]
+
+#: Why an input was skipped (``MergeEntry.skip``): ``unresolvable`` (its chunk or stream
+#: reference could not be read by the deadline of the spec's ``input_policy``), ``step_raised``
+#: (the step raised on it; the state is as before it), ``operator`` (``fx workload skip``).
+SkipCause = Literal["unresolvable", "step_raised", "operator"]
+
+#: Where a workload's chunks are stored, one store for every service (docs/operations.md,
+#: "One chunk store"): ``kafka`` (the compacted ``sys.chunks``) or ``fs`` (a directory every
+#: service shares).
+ChunkStoreKind = Literal["kafka", "fs"]
 
 
 class _Model(BaseModel):
@@ -407,6 +420,35 @@ class InputRecord(_Model):
     source: str | None = None
 
 
+class InputPolicy(_Model):
+    """What the lease holder does with an input it cannot step (``SpecRecord.input_policy``).
+
+    An input whose chunk or stream reference cannot be read is read again until ``wait_ms``
+    after the input's broker append time; then, with ``then = "quarantine"``, it is skipped on
+    the record (a ``quarantined`` merge entry, ``skip.cause = "unresolvable"``) and an alarm is
+    raised, and later inputs are merged as ever; with ``then = "stop"`` the holder stops there
+    naming it (nothing is merged past it). A reference that can never be read (bytes that are
+    not the reference's) is not waited for. ``on_step_error``: an input whose step raises is
+    skipped on the record (``step_raised``: the state is as before it) with ``quarantine``, or
+    the holder stops with ``stop``."""
+
+    wait_ms: Annotated[int, Field(ge=0, le=2**53 - 1)] = 30_000
+    then: Literal["quarantine", "stop"] = "quarantine"
+    on_step_error: Literal["quarantine", "stop"] = "quarantine"
+
+
+class SkipNote(_Model):
+    """Why an input was skipped on the record (``MergeEntry.skip``): the cause, what was wrong
+    (the reference and why it cannot be read, the exception the step raised, the operator's
+    reason), and for an operator's skip who ordered it and where (``.spec`` offset of the
+    ``skip_order``)."""
+
+    cause: SkipCause
+    detail: Annotated[str, Field(max_length=4096)]
+    principal: NodeId | None = Field(default=None, exclude_if=lambda v: v is None)
+    order_offset: Offset | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
 class SpecRecord(_Model):
     """A workload spec on ``wl.<id>.spec``: module, effect kinds and models bound, limits."""
 
@@ -477,6 +519,15 @@ class SpecRecord(_Model):
     #: never deployed new code keeps its spec bytes and hash.
     module_switches: tuple[ModuleSwitch, ...] = Field(default=(), exclude_if=lambda v: not v,
                                                       max_length=1000)
+    #: What the holder does with an input it cannot step (:class:`InputPolicy`: wait 30 s for a
+    #: reference, then skip it on the record; skip an input whose step raises). Left out of the
+    #: canonical bytes at its default.
+    input_policy: InputPolicy = Field(default_factory=InputPolicy,
+                                      exclude_if=lambda v: v == InputPolicy())
+    #: The chunk store every service of this workload uses (:data:`ChunkStoreKind`): a holder
+    #: whose store is another refuses to start, naming both. Left out of the canonical bytes
+    #: at its default, ``kafka``.
+    chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
@@ -689,11 +740,19 @@ class MergeEntry(_Model):
     effect_id: str | None = None
     action: Literal["deliver", "pass_over"]
     reason: PassOverReason | None = None
+    #: Why an input was skipped (``reason = "quarantined"``, and only then): replay follows
+    #: the recorded skip (and checks that a ``step_raised`` step raises again). Left out of
+    #: the canonical bytes when None.
+    skip: SkipNote | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check_reason(self) -> Self:
         if (self.action == "pass_over") != (self.reason is not None):
             raise ValueError("reason is required exactly when action is 'pass_over'")
+        if (self.reason == "quarantined") != (self.skip is not None):
+            raise ValueError("skip is required exactly when reason is 'quarantined'")
+        if self.skip is not None and self.source != "in":
+            raise ValueError("only an input (source 'in') is skipped")
         # a well-formed effect id; it may name another workload: a pass-over records a response
         # on this workload's .resp whatever id it carries (``unknown_effect``)
         if self.effect_id is not None:
@@ -789,6 +848,10 @@ class FactsRecord(_Model):
     public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
     key_id: Hash
     updated_us: Micros
+    #: The chunk store this node reads and writes chunks in (:data:`ChunkStoreKind`): a lease
+    #: holder refuses to start when a live node serving its kinds uses another than its spec's
+    #: ``chunk_store``. Left out of the canonical bytes at its default, ``kafka``.
+    chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
 
 
 PublicKeyText = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]
@@ -1001,6 +1064,57 @@ class AlarmAckRecord(_Model):
     acked_us: Micros
 
 
+class SkipOrderRecord(_Model):
+    """An operator's order to skip one input (``fx workload skip``), on ``wl.<id>.spec`` beside
+    the specs (the operator's instructions to the workload; the holder reads both).
+
+    The lease holder skips input ``input_offset`` of ``.in`` when it reaches it, recording a
+    ``quarantined`` merge entry whose ``skip`` names the operator (``principal``), the reason
+    and this order's offset. An order for an input already merged changes nothing."""
+
+    kind: Literal["skip_order"] = "skip_order"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    input_offset: Offset
+    reason: Annotated[str, Field(min_length=1, max_length=4096)]
+    #: who ordered it: the SASL user on a secured broker, else the operator's name
+    principal: NodeId
+    ordered_us: Micros
+
+
+class SkipAlarmRecord(_Model):
+    """An alarm for a person, on ``sys.alarms``: an input was skipped (``MergeEntry.skip``).
+
+    Written by the lease holder in the transaction of the ``quarantined`` merge entry (one per
+    skipped input, never one without it). ``alarm_id`` is ``<workload>/in@<offset>``; ``fx
+    alarms`` lists it and ``fx alarms ack`` acknowledges it as it does an actuation's."""
+
+    kind: Literal["skip_alarm"] = "skip_alarm"
+    v: Literal[1] = SCHEMA_VERSION
+    alarm_id: str
+    workload_id: WorkloadId
+    #: the skipped input's offset on ``wl.<id>.in``
+    input_offset: Offset
+    #: the merge position it was skipped at (the ``seq`` of its ``quarantined`` entry)
+    seq: Offset
+    skip: SkipNote
+    raised_by: NodeId
+    #: the holder's clock, for people only
+    raised_us: Micros
+
+    @model_validator(mode="after")
+    def _check_alarm_id(self) -> Self:
+        if self.alarm_id != skip_alarm_id(self.workload_id, self.input_offset):
+            raise ValueError("alarm_id must be "
+                             f"{skip_alarm_id(self.workload_id, self.input_offset)!r}")
+        return self
+
+
+def skip_alarm_id(workload_id: str, input_offset: int) -> str:
+    """The id of the alarm raised when input ``input_offset`` of ``workload_id`` is skipped."""
+    return f"{workload_id}/in@{input_offset}"
+
+
 class ActuatorMemoryRecord(_Model):
     """What an actuator gateway remembers, on its own compacted ``sys.actuator.<node id>``.
 
@@ -1092,7 +1206,9 @@ Record = Annotated[
     | AlarmRecord
     | AlarmAckRecord
     | ActuatorMemoryRecord
-    | ModuleRecord,
+    | ModuleRecord
+    | SkipOrderRecord
+    | SkipAlarmRecord,
     Field(discriminator="kind"),
 ]
 

@@ -33,6 +33,8 @@ from broker_schema.records import (
     ResponseRecord,
     ShadowEvalRecord,
     ShadowReportRecord,
+    SkipAlarmRecord,
+    SkipOrderRecord,
     SnapshotRecord,
     SpecRecord,
     TickRecord,
@@ -72,7 +74,7 @@ SourceRecord = InRecord | RespRecord
 #: The record classes on each workload stream, in the order of :data:`topics.STREAMS`.
 STREAM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     "in": (InRecord,),
-    "spec": (SpecRecord,),
+    "spec": (SpecRecord, SkipOrderRecord),
     "claims": (ClaimRecord,),
     "out": get_args(OutRecord),
     "resp": get_args(RespRecord),
@@ -89,7 +91,7 @@ SYSTEM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     topics.FACTS: (FactsRecord,),
     topics.REJECTS: (RejectedRecord,),
     topics.KEYS: (KeyCertRecord, KeyRevokeRecord),
-    topics.ALARMS: (AlarmRecord, AlarmAckRecord),
+    topics.ALARMS: (AlarmRecord, AlarmAckRecord, SkipAlarmRecord),
     topics.MODULES: (ModuleRecord,),
 }
 #: What each actuator gateway's memory topic (``sys.actuator.<node id>``) holds.

@@ -54,9 +54,10 @@ class ExecutorConfig(NodeConfig):
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "node.key")
     #: The type of a key created at ``key_file``: ``ed25519`` or ``secp256k1`` (ECDSA, for
     #: notarising receipts on chains that use that curve). docs/security.md, "Node keys".
-    #: Chunk store: ``fs`` (a directory, one machine) or ``kafka`` (compacted ``sys.chunks``,
-    #: across machines, with ``chunk_dir`` as its local cache).
-    chunk_backend: Literal["fs", "kafka"] = "fs"
+    #: Chunk store: ``kafka`` (compacted ``sys.chunks``, across machines, with ``chunk_dir``
+    #: as its local cache: the default of every service, docs/operations.md "One chunk
+    #: store") or ``fs`` (a directory every service shares). Published in the node's facts.
+    chunk_backend: Literal["fs", "kafka"] = "kafka"
     chunk_dir: Path = Field(default_factory=lambda: default_data_dir() / "chunks")
     #: Models loaded at start (hashes), or ``"all"`` for every model in the store.
     preload: list[str] | Literal["all"] = "all"

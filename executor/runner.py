@@ -350,6 +350,7 @@ class ModelRunner:
             now_us=now_us(),
             accelerator_devices=node_devices(self.config.device),
             parity_gates=[g for e in engines for g in getattr(e, "parity_gates", tuple)()],
+            chunk_store=self.config.chunk_backend,
         )
         self.metrics.models_loaded.set(len(facts.models_loaded))
         return facts

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from broker_schema.records import (
     AcceleratorDevice,
+    ChunkStoreKind,
     FactsRecord,
     Guarantee,
     KindServed,
@@ -29,11 +30,13 @@ def build_facts(
     guarantees: Mapping[str, Guarantee] | None = None,
     accelerator_devices: Iterable[AcceleratorDevice] = (),
     parity_gates: Iterable[ParityGateFact] = (),
+    chunk_store: ChunkStoreKind = "kafka",
 ) -> FactsRecord:
     """The facts record for this node (pure: the time is passed in). ``guarantees``: the
     guarantee each actuation kind is served with (an actuator gateway's);
     ``accelerator_devices``: what the probe found (:mod:`executor.accelerators`);
-    ``parity_gates``: the integer engine's gate runs (one per model and backend, sorted)."""
+    ``parity_gates``: the integer engine's gate runs (one per model and backend, sorted);
+    ``chunk_store``: where the node keeps chunks (an executor's ``chunk_backend``)."""
     served = guarantees or {}
     return FactsRecord(
         node_id=node_id,
@@ -50,6 +53,7 @@ def build_facts(
         public_key=public_key_b64,
         key_id=key_id,
         updated_us=now_us,
+        chunk_store=chunk_store,
     )
 
 

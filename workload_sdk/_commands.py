@@ -15,7 +15,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-__all__ = ["MODULE_PLACEHOLDER", "log_command", "replay_command", "show_command", "why_command"]
+__all__ = ["MODULE_PLACEHOLDER", "log_command", "replay_command", "show_command", "skip_command",
+           "why_command"]
 
 #: Stands for the workload's code in a printed command: ``pkg.module:Class`` or
 #: ``file.py:Class`` (whatever hashes to the spec's ``module_hash``).
@@ -63,3 +64,8 @@ def log_command(workload_id: str, *, streams: Iterable[str] = (), kinds: Iterabl
     if json:
         words.append("--json")
     return shlex.join(words)
+
+
+def skip_command(workload_id: str, input_offset: int) -> str:
+    """``fx workload skip`` of input ``input_offset``, the reason for the operator to write."""
+    return f"fx workload skip {workload_id} --input {input_offset} --reason 'REASON'"

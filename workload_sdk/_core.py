@@ -37,6 +37,7 @@ from broker_schema import (
     OutputRecord,
     PassOverReason,
     ResponseRecord,
+    SkipNote,
     SnapshotRecord,
     SpecRecord,
     StreamRef,
@@ -81,13 +82,19 @@ class Item:
     ``resolved``: the bytes of the record's one referenced body (:func:`referenced_body`: an
     input's ``body``, an answer's ``output``, when it is a chunk or stream reference), read and
     hash-checked by the I/O shell (the holder's fetch loop, replay's log reader) before the item
-    reaches :meth:`Core.apply`; None for inline bodies."""
+    reaches :meth:`Core.apply`; None for inline bodies.
+
+    ``skip``: an input the I/O shell skips on the record instead of stepping it (its reference
+    could not be read by the spec's ``input_policy`` deadline, or an operator ordered it: the
+    holder; replay sets the note the merge log recorded). The fold records it as a
+    ``quarantined`` pass-over and never reads the body."""
 
     source: Source
     offset: int
     time_ms: int
     record: SourceRecord
     resolved: bytes | None = field(default=None, repr=False)
+    skip: SkipNote | None = None
 
 
 def referenced_body(record: SourceRecord) -> ChunkRef | StreamRef | None:
@@ -148,11 +155,13 @@ class Pending:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What to do with one record: deliver it to the step, pass it over (with why), or skip it
-    (a tick: a clock marker that is not recorded in the merge log)."""
+    (a tick: a clock marker that is not recorded in the merge log). An input passed over as
+    ``quarantined`` carries the :class:`~broker_schema.SkipNote` recorded with it."""
 
     action: Literal["deliver", "pass_over", "skip"]
     reason: PassOverReason | None = None
     effect_id: str | None = None
+    skip: SkipNote | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +250,9 @@ class Core:
     #: Which code runs each step (:class:`workload_sdk._code.Code`: the module the spec in
     #: force names for it, ``fx workload deploy``); None: ``workload`` runs every step.
     code: Any = None
+    #: The state and its canonical bytes as the last step left them (to restore the state
+    #: when a step raises: :meth:`_step_or_skip`). Not in snapshots.
+    _canon: tuple[Any, bytes] | None = field(default=None, repr=False, compare=False)
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -380,6 +392,8 @@ class Core:
         """
         record = item.record
         if isinstance(record, InputRecord):
+            if item.skip is not None:
+                return Decision("pass_over", "quarantined", skip=item.skip)
             return Decision("deliver")
         if isinstance(record, TickRecord):
             return Decision("skip")
@@ -432,7 +446,7 @@ class Core:
         entry = MergeEntry(
             workload_id=self.workload_id, seq=self.seq, epoch=epoch, source=item.source,
             source_offset=item.offset, effect_id=decision.effect_id, action=decision.action,
-            reason=decision.reason,
+            reason=decision.reason, skip=decision.skip,
         )
         record = item.record
         if decision.action == "pass_over":
@@ -451,6 +465,8 @@ class Core:
             event = InputEvent(seq=self.seq, time_ms=item.time_ms, offset=item.offset,
                                body=record.body, source=record.source, resolved=resolved,
                                unreadable=unreadable)
+            if spec.input_policy.on_step_error == "quarantine":
+                return self._step_or_skip(event, entry, epoch=epoch, spec=spec)
         else:
             assert isinstance(record, ResponseRecord)
             resolved, unreadable = self._body_bytes(item, spec)
@@ -469,21 +485,60 @@ class Core:
         self.seq += 1
         return Applied(decision, entry, outputs, snapshot_due=self.seq % spec.snapshot_every == 0)
 
+    def _step_or_skip(self, event: InputEvent, entry: MergeEntry, *, epoch: int,
+                      spec: SpecRecord) -> Applied:
+        """Step an input under ``on_step_error = "quarantine"``: when the step itself raises
+        (anything but a :class:`WorkloadError`), the input is skipped on the record
+        (``step_raised``, the exception in the detail) with the state as it was before the
+        step (restored from its canonical bytes, in case the step changed it in place), no
+        output and no ``seq`` consumed. Replay raises again at the same input: the same
+        decision."""
+        before = self._state_bytes()
+        try:
+            outputs = self._step(event, epoch=epoch, spec=spec)
+        except _StepRaised as raised:
+            self.state = orjson.loads(before)
+            self._canon = (self.state, before)
+            exc = raised.exc
+            note = SkipNote(cause="step_raised",
+                            detail=f"{type(exc).__name__}: {exc}"[:4096])
+            decision = Decision("pass_over", "quarantined", skip=note)
+            return Applied(decision, entry.model_copy(update={
+                "action": "pass_over", "reason": "quarantined", "skip": note}))
+        self.seq += 1
+        return Applied(Decision("deliver"), entry, outputs,
+                       snapshot_due=self.seq % spec.snapshot_every == 0)
+
+    def _state_bytes(self) -> bytes:
+        """The canonical bytes of the state (kept from the last step's normalization)."""
+        if self._canon is None or self._canon[0] is not self.state:
+            self._canon = (self.state, canonical_json(self.state))
+        return self._canon[1]
+
     def _step(self, event: Event, *, epoch: int, spec: SpecRecord) -> tuple[OutRecord, ...]:
         seq = self.seq
         workload = self.workload if self.code is None else self.code.at(spec, seq)
-        if spec.local_models:
-            from workload_sdk._local import default_runtime, step_context
+        try:
+            if spec.local_models:
+                from workload_sdk._local import default_runtime, step_context
 
-            with step_context(self.local or default_runtime(), spec.local_models,
-                              spec.local_max_tokens_per_step, seq):
+                with step_context(self.local or default_runtime(), spec.local_models,
+                                  spec.local_max_tokens_per_step, seq):
+                    result = workload.step(self.state, event)
+            else:
                 result = workload.step(self.state, event)
-        else:
-            result = workload.step(self.state, event)
+        except WorkloadError:
+            raise
+        except Exception as exc:
+            if (isinstance(event, InputEvent) and spec.input_policy.on_step_error == "quarantine"
+                    and not _unavailable(exc, spec)):
+                raise _StepRaised(exc) from exc
+            raise
         if not isinstance(result, tuple) or len(result) != 2:
             raise WorkloadError("bad_step", "step must return (state, outputs)", seq=seq)
         new_state, outs = result
-        new_state = _normalized_state(new_state, seq)
+        new_bytes = _canonical_state(new_state, seq)
+        new_state = orjson.loads(new_bytes)
         room = spec.outstanding_limit - len(self.pending)
         records: list[OutRecord] = []
         issued: list[Pending] = []
@@ -520,9 +575,37 @@ class Core:
                                 f"with room for {room} (spec outstanding_limit "
                                 f"{spec.outstanding_limit})", seq=seq)
         self.state = new_state
+        self._canon = (new_state, new_bytes)
         for p in issued:
             self.pending[p.effect_id] = p
         return tuple(records)
+
+
+def _unavailable(exc: Exception, spec: SpecRecord) -> bool:
+    """Whether ``exc`` says what this process lacks (a mode A model it cannot load), not what
+    the step decided: never a reason to skip an input."""
+    if not spec.local_models:
+        return False
+    from workload_sdk._local import LocalModelUnavailable
+
+    return isinstance(exc, LocalModelUnavailable)
+
+
+class _StepRaised(Exception):
+    """The workload's step raised ``exc`` on an input (not a rule of the fold broken)."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _canonical_state(state: State, seq: int | None) -> bytes:
+    """The canonical bytes of ``state`` (:class:`WorkloadError` ``bad_state`` if it has none)."""
+    try:
+        return canonical_json(state)
+    except _EncodeError as exc:
+        raise WorkloadError("bad_state", f"state is not canonical JSON: {exc.detail}",
+                            seq=seq) from exc
 
 
 def _normalized_state(state: State, seq: int | None) -> State:

@@ -46,10 +46,16 @@ WARNING; three fences in a row without a committed transaction between them end 
 References: an input whose body, or an answer whose output, is a chunk or stream reference is
 resolved in the fetch loop before it is buffered (:mod:`workload_sdk._refs_io`; chunks from
 ``sys.chunks``, or from ``HolderConfig.chunk_dir``), so the step reads its bytes. A chunk or
-record that is not there yet is waited for with backoff, up to ``HolderConfig.ref_wait_s``; then
-the holder stops with :class:`~fx_kafka.workload_log.RefGap` naming it (never a guess, never a
-skip: nothing is merged past it, and a restart once it is there carries on). Snapshots over the
-inline limit are stored as a chunk before the transaction that holds them commits.
+record that is not there yet is waited for with backoff: an input's until the spec's
+``input_policy`` deadline, then it is skipped on the record (``quarantine``: a ``quarantined``
+merge entry and a ``skip_alarm`` on ``sys.alarms``, one transaction) or the holder stops
+(``stop``); an answer's up to ``HolderConfig.ref_wait_s``, then the holder stops. Stopping is
+:class:`~fx_kafka.workload_log.RefGap` naming it (never a guess: nothing is merged past it, and
+a restart once it is there, or once an operator ordered it skipped, carries on). An input whose
+step raises is skipped on the record too (``input_policy.on_step_error``), and an operator's
+skip order on ``.spec`` (``fx workload skip``, :mod:`workload_sdk._holder_skips`) skips the
+input it names. Snapshots over the inline limit are stored as a chunk before the transaction
+that holds them commits.
 
 Optionally (``HolderConfig.trim_every_s``) the holder also trims the workload's log by the spec's
 audit horizon every so often, with the same :func:`~workload_sdk._trim_io.trim_workload` that
@@ -86,6 +92,7 @@ from broker_schema import (
     DecodeError,
     EffectRequest,
     ResponseRecord,
+    SkipAlarmRecord,
     SpecRecord,
     TickRecord,
     decode,
@@ -138,7 +145,7 @@ from workload_sdk._holder_watch import ClaimWatch, holder_role
 from workload_sdk._kafka_io import read_resume_log
 from workload_sdk._module_store import code_for, read_modules
 from workload_sdk._observe import PendingRequest
-from workload_sdk._round import alarms_for, merge_batch, outcomes_due, tick_due
+from workload_sdk._round import alarms_for, merge_batch, outcomes_due, skip_alarms, tick_due
 
 if TYPE_CHECKING:  # the metrics are the process's (cli), never needed to run the fold
     from workload_sdk._holder_metrics import HolderMetrics
@@ -446,6 +453,8 @@ class LeaseHolder:
             await self._claim(rejoin, forced)
             await self._resume()
             assert self.core is not None
+            await self._refs.orders.read()
+            self._refs.orders.forget_merged(self.core.positions["in"])
             consumer = make_consumer(cfg.bootstrap)
             tp_in, tp_resp = await _start_reading(consumer, cfg.workload_id, self.core,
                                                   self._spec_offset)
@@ -526,7 +535,11 @@ class LeaseHolder:
         (``from_seq``; the rule is :mod:`broker_schema.binding`), or refuse it, logged and
         counted, when it would rebind a step already taken (:func:`switch_problem`)."""
         core, cfg = self.core, self.config
-        assert core is not None and self.spec is not None
+        assert core is not None and self.spec is not None and self._refs is not None
+        order = self._refs.orders.note(offset, value)  # fx workload skip
+        if order is not None:
+            self._refs.orders.took(order, core.positions["in"])
+            return
         record, problem = adoptable_spec(offset, value, workload_id=cfg.workload_id,
                                          spec=self.spec, seq=core.seq)
         if problem is not None:
@@ -580,6 +593,8 @@ class LeaseHolder:
         core, spec, cfg = self.core, self.spec, self.config
         assert core is not None and spec is not None
         wid = cfg.workload_id
+        assert self._refs is not None
+        self._refs.orders.mark_buffered(bufs["in"])  # an order read after the input was
         while True:
             batch = merge_batch(core, spec, bufs, epoch=self.epoch,
                                 now_resp_ms=self._now_resp_ms, max_batch=cfg.max_batch,
@@ -605,8 +620,13 @@ class LeaseHolder:
                 log.warning("%s", why)
             if batch.records:
                 topic = {"merge": topics.merge(wid), "out": topics.out(wid)}
+                # an input skipped on the record and its alarm: one transaction
+                alarms = skip_alarms(batch.skipped, holder_id=cfg.holder_id,
+                                     now_us=time.time_ns() // 1000)
                 metas = await self._write([(topic[stream], encode(rec))
-                                           for stream, rec in batch.records])
+                                           for stream, rec in batch.records]
+                                          + [(topics.ALARMS, encode(a)) for a in alarms])
+                self._skips_written(alarms)
                 self.stats.outputs += len(batch.output_at)
                 self._note_outputs(batch.outputs, [metas[i] for i in batch.output_at])
             # after the commit: what the merge log now says
@@ -615,6 +635,15 @@ class LeaseHolder:
                 raise batch.failure
             if not batch.records:
                 return
+
+    def _skips_written(self, alarms: list[SkipAlarmRecord]) -> None:
+        self.stats.inputs_skipped += len(alarms)
+        self.stats.alarms += len(alarms)
+        for alarm in alarms:
+            log.error("ALARM %s: input %d skipped on the record (%s%s): %s", alarm.alarm_id,
+                      alarm.input_offset, alarm.skip.cause,
+                      f" by {alarm.skip.principal}" if alarm.skip.principal else "",
+                      alarm.skip.detail)
 
     async def _judge_and_tick(self) -> None:
         core, cfg = self.core, self.config

@@ -98,6 +98,10 @@ class HolderStats:
     snapshots_skipped: int = 0
     #: Referenced bodies (chunks, stream records) read before the step saw them.
     refs_resolved: int = 0
+    #: Inputs skipped on the record (``quarantined``; an alarm each), and operators' skip
+    #: orders for inputs already merged (nothing done).
+    inputs_skipped: int = 0
+    skip_orders_late: int = 0
     #: Where this holder started reading ``.in``/``.resp``/``.out`` on resume.
     resumed_from: dict[str, int] = field(default_factory=dict)
     #: In-process restarts from the log after a broker outage or a coordinator fence.

@@ -86,6 +86,11 @@ class HolderMetrics:
             "Responses read from .resp whose signature failed, by reason ("
             + ", ".join(SIGNATURE_FAILURE_REASONS) + ")",
             ["workload", "reason"], registry=r)
+        self.inputs_skipped = Counter(
+            "fx_holder_inputs_skipped",
+            "Inputs skipped on the record (quarantined merge entries, each with an alarm), by "
+            "cause (unresolvable, step_raised, operator)",
+            ["workload", "cause"], registry=r)
         self._unread_groups: dict[str, set[str]] = {}
         self._kinds: dict[str, set[str]] = {}
         self._snapshot_at: dict[str, float] = {}
@@ -117,6 +122,11 @@ class HolderMetrics:
                 self.rejected.labels(workload, reason).inc(n)
         for kind, seconds in round_trips_s:
             self.round_trip.labels(workload, kind).observe(max(0.0, seconds))
+
+    def inputs_skipped_by(self, workload: str, causes: Iterable[str]) -> None:
+        """Inputs skipped on the record, one cause each."""
+        for cause in causes:
+            self.inputs_skipped.labels(workload, cause).inc()
 
     def skipped(self, workload: str, reason: str) -> None:
         """A record on ``.resp`` the shell skipped (``undecodable``, ``wrong_record``)."""

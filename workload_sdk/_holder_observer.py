@@ -83,6 +83,7 @@ class MetricsObserver:
             return
         wid = self.config.workload_id
         self.metrics.merged(wid, batch.answers, batch.passed_over_by, round_trips)
+        self.metrics.inputs_skipped_by(wid, [e.skip.cause for e in batch.skipped if e.skip])
         snaps = [metas[i] for i, (_, rec) in enumerate(batch.records)
                  if isinstance(rec, SnapshotRecord)] if batch.records else []
         if snaps:

@@ -33,12 +33,13 @@ from workload_sdk._api import Workload
 from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._holder_config import HOLDER_LOG as log
 from workload_sdk._holder_config import HolderConfig
-from workload_sdk._placement import placement_missing
+from workload_sdk._placement import chunk_store_problem, placement_missing
 from workload_sdk._replay import ReplayResult, out_slots, replay, resume_outputs
 
 __all__ = [
     "FENCE_SETTLE_S",
     "MAX_FENCES_IN_A_ROW",
+    "ChunkStoreMismatch",
     "Fenced",
     "NoSpec",
     "Replaced",
@@ -80,6 +81,11 @@ class Unplaced(NoSpec):
     def __init__(self, message: str, missing: list[str]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class ChunkStoreMismatch(NoSpec):
+    """This holder's chunk store, or a live executor's, is not the one the spec names
+    (``SpecRecord.chunk_store``): the one line says which and how to fix it."""
 
 
 def transactional_id_for(workload_id: str) -> str:
@@ -322,12 +328,29 @@ async def wait_for_epoch(bootstrap: str, workload_id: str, claims: list[ClaimRec
 async def wait_for_placement(cfg: HolderConfig, spec: SpecRecord) -> list[str]:
     """Wait until live nodes serve what ``spec`` binds (:func:`placement_missing`); return
     what is missing when claiming with ``force_placement`` (recorded in the claim), else
-    raise :class:`Unplaced` once ``placement_wait_s`` has passed."""
+    raise :class:`Unplaced` once ``placement_wait_s`` has passed. First, whatever ``--force``
+    says: :class:`ChunkStoreMismatch` when this holder's chunk store, or that of every live node
+    serving one of the spec's kinds, is not the spec's ``chunk_store``
+    (:func:`chunk_store_problem`)."""
     loop = asyncio.get_running_loop()
     give_up = None if cfg.placement_wait_s is None else loop.time() + cfg.placement_wait_s
     said: list[str] | None = None
+    checked_store = False
     while True:
         facts = await read_facts(cfg.bootstrap)
+        if not checked_store:
+            problem, strays = chunk_store_problem(
+                spec, facts, holder_store="kafka" if cfg.chunk_dir is None else "fs",
+                holder_where=(topics.CHUNKS if cfg.chunk_dir is None
+                              else f"the directory {cfg.chunk_dir}"),
+                now_us=time.time_ns() // 1000, max_age_s=cfg.facts_max_age_s)
+            if problem is not None:
+                raise ChunkStoreMismatch(f"not claiming {cfg.workload_id}: {problem}")
+            if strays:
+                log.warning("%s: live nodes serving its kinds keep chunks in another store than "
+                            "the spec's chunk_store = %s: %s (fine only if they serve other "
+                            "workloads)", cfg.workload_id, spec.chunk_store, ", ".join(strays))
+            checked_store = True
         missing = placement_missing(spec, facts, now_us=time.time_ns() // 1000,
                                     max_age_s=cfg.facts_max_age_s)
         if not missing:

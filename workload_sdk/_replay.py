@@ -9,7 +9,7 @@ that every output it computes is byte for byte the record on ``.out``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from broker_schema import (
@@ -28,7 +28,7 @@ from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._commands import replay_command
-from workload_sdk._core import Applied, Core, Item
+from workload_sdk._core import Applied, Core, Decision, Item
 
 __all__ = [
     "DiffReport",
@@ -38,6 +38,7 @@ __all__ = [
     "diff",
     "missing_outputs",
     "out_slots",
+    "recorded_skip",
     "replay",
     "resume_outputs",
 ]
@@ -140,6 +141,48 @@ def _apply(core: Core, log: WorkloadLog, item: Item, *, epoch: int, spec: SpecRe
             raise
         raise RefGap(exc.topic, exc.offset, exc.ref,
                      f"its {exc.ref.type} reference cannot be read: {why}") from None
+
+
+def recorded_skip(item: Item, record: MergeEntry) -> Item:
+    """``item`` with the skip ``record`` recorded for it, when that skip is a fact of the log
+    rather than of the fold (a reference the holder could not read by the policy's deadline,
+    an operator's order): replay follows it and never reads the body. A ``step_raised`` skip
+    is the fold's own decision: the step is run again and must raise again."""
+    if record.skip is None or record.skip.cause == "step_raised":
+        return item
+    return replace(item, skip=record.skip)
+
+
+def _skip_differs(record: MergeEntry, applied: Applied) -> str | None:
+    """Why a fold of other code (diff, shadow) cannot go on: the recorded step raised on an
+    input and this one steps it, or the other way round; None when both agree."""
+    if record.source != "in" or (record.action == "pass_over"
+                                  and record.reason != "quarantined"):
+        return None
+    skipped = applied.decision.reason == "quarantined"
+    if skipped == (record.reason == "quarantined"):
+        return None
+    if skipped:
+        note = applied.decision.skip
+        return (f"at seq {record.seq} the step raises on in@{record.source_offset} "
+                f"({note.detail if note else '?'}), where the recorded step did not")
+    return (f"at seq {record.seq} the recorded step raised on in@{record.source_offset} "
+            "(skipped on the record); this code steps it")
+
+
+def _check_decision(offset: int, record: MergeEntry, decision: Decision) -> None:
+    """:class:`ReplayError` unless the fold decided what ``record`` recorded (for a skipped
+    input: its cause too)."""
+    recorded = (record.action, record.reason, None if record.skip is None
+                else record.skip.cause)
+    decided = (decision.action, decision.reason, None if decision.skip is None
+               else decision.skip.cause)
+    if recorded != decided:
+        def say(d: tuple[str, str | None, str | None]) -> str:
+            return f"{d[0]}/{d[1] or '-'}" + (f" ({d[2]})" if d[2] else "")
+
+        raise ReplayError(offset, f"the log recorded {say(recorded)} for {record.source}@"
+                          f"{record.source_offset}, the fold decides {say(decided)}")
 
 
 def _snapshot_core(workload: Workload, log: WorkloadLog, offset: int,
@@ -283,15 +326,16 @@ def replay(
             break
         if record.seq != core.seq:
             raise ReplayError(offset, f"entry has seq {record.seq}, the fold is at {core.seq}")
-        item = _item(log, record, trusted=trust_log)
+        item = recorded_skip(_item(log, record, trusted=trust_log), record)
         spec = specs(record.epoch, core.seq)
         decision = core.classify(item, spec)
-        if (decision.action, decision.reason) != (record.action, record.reason):
-            recorded = f"{record.action}/{record.reason or '-'}"
-            decided = f"{decision.action}/{decision.reason or '-'}"
-            raise ReplayError(offset, f"the log recorded {recorded} for {record.source}@"
-                              f"{record.source_offset}, the fold decides {decided}")
+        # an input the fold delivers may still be skipped: its step raises (step_raised)
+        steps_input = decision.action == "deliver" and record.source == "in"
+        if not steps_input:
+            _check_decision(offset, record, decision)
         applied = _apply(core, log, item, epoch=record.epoch, spec=spec)
+        if steps_input:
+            _check_decision(offset, record, applied.decision)
         result.entries += 1
         result.last_epoch = record.epoch
         if applied.decision.action == "deliver":
@@ -413,9 +457,10 @@ def diff(new_workload: Workload, log: WorkloadLog, *, code: Code | None = None,
     for _offset, record in items:
         if isinstance(record, SnapshotRecord):
             continue
-        item = _item(log, record)
+        item = recorded_skip(_item(log, record), record)
         decision = core.classify(item, specs(record.epoch, core.seq))
-        if decision.action == "deliver" and record.action != "deliver":
+        input_step = decision.action == "deliver" and record.source == "in"
+        if decision.action == "deliver" and record.action != "deliver" and not input_step:
             report.kind = "request_divergence"
             report.detail = (f"at seq {record.seq} the recorded fold passed over "
                              f"{record.effect_id} ({record.reason}); the new code has it pending")
@@ -431,6 +476,11 @@ def diff(new_workload: Workload, log: WorkloadLog, *, code: Code | None = None,
         except WorkloadError as exc:
             report.kind = "error"
             report.detail = str(exc)
+            return report
+        differs = _skip_differs(record, applied)
+        if differs is not None:
+            report.kind = "error"
+            report.detail = differs
             return report
         if applied.decision.action != "deliver":
             continue

@@ -13,6 +13,8 @@ so what the golden logs show is what the holder does, not what a copy of it does
   against the broker time of the latest ``.resp`` record merged;
 - :func:`alarms_for`: the alarm to write with each ``unknown`` of an ``at-most-once`` kind and
   each ``timeout`` of an actuation kind, in the same transaction;
+- :func:`skip_alarms`: the alarm to write with each input skipped on the record (``quarantined``),
+  in the transaction of its merge entry;
 - :func:`tick_due`: whether to append a tick (a clock marker) so that broker time moves when a
   deadline, a lease end or a backpressure pause is passed and nothing else would show it.
 """
@@ -30,10 +32,13 @@ from broker_schema import (
     ChunkRef,
     EffectRequest,
     EncodeError,
+    MergeEntry,
     ResponseRecord,
+    SkipAlarmRecord,
     SnapshotRecord,
     SpecRecord,
     TickRecord,
+    skip_alarm_id,
 )
 from broker_schema.streams import OutRecord
 from workload_sdk._api import WorkloadError
@@ -46,7 +51,8 @@ from workload_sdk._core import (
     next_due_ms,
 )
 
-__all__ = ["Answer", "MergedBatch", "alarms_for", "merge_batch", "outcomes_due", "tick_due"]
+__all__ = ["Answer", "MergedBatch", "alarms_for", "merge_batch", "outcomes_due", "skip_alarms",
+           "tick_due"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +77,13 @@ class MergedBatch:
     #: the answers a step saw in this batch, in order (for the holder's metrics)
     answers: list[Answer] = field(default_factory=list)
     #: records on ``.resp`` passed over in this batch, by reason (``not_an_answer``: an
-    #: ``accepted``, bookkeeping; the rest are answers no step will see)
+    #: ``accepted``, bookkeeping; the rest are answers no step will see); skipped inputs are
+    #: in ``skipped``
     passed_over_by: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     passed_over: int = 0
+    #: the inputs skipped on the record in this batch (their ``quarantined`` merge entries)
+    skipped: list[MergeEntry] = field(default_factory=list)
     snapshots: int = 0
     #: chunks to store before the transaction that holds ``records`` commits: the bodies of
     #: snapshots over the inline limit (64 KiB), whose ``state`` is the reference, with their bytes
@@ -160,8 +169,11 @@ def merge_batch(
                 batch.answers.append(answer)
         else:
             batch.passed_over += 1
-            reason = applied.decision.reason or "unknown"
-            batch.passed_over_by[reason] = batch.passed_over_by.get(reason, 0) + 1
+            if applied.entry.skip is not None:
+                batch.skipped.append(applied.entry)
+            else:
+                reason = applied.decision.reason or "unknown"
+                batch.passed_over_by[reason] = batch.passed_over_by.get(reason, 0) + 1
         for out in applied.outputs:
             batch.output_at.append(len(batch.records))
             batch.records.append(("out", out))
@@ -237,6 +249,21 @@ def alarms_for(outcomes: Iterable[ResponseRecord], core: Core, spec: SpecRecord,
             reissue_of=reissues.get(response.effect_id), accepted_by=node, reason=reason,
             raised_by=holder_id, raised_us=now_us,
             cause="unknown" if response.outcome == "unknown" else "timeout"))
+    return alarms
+
+
+def skip_alarms(skipped: Iterable[MergeEntry], *, holder_id: str,
+                now_us: int) -> list[SkipAlarmRecord]:
+    """One alarm per input skipped on the record (``skipped``: the ``quarantined`` entries of a
+    batch), for the holder to write to ``sys.alarms`` in the transaction of those entries: an
+    alarm exists exactly when its skip does."""
+    alarms: list[SkipAlarmRecord] = []
+    for entry in skipped:
+        assert entry.skip is not None
+        alarms.append(SkipAlarmRecord(
+            alarm_id=skip_alarm_id(entry.workload_id, entry.source_offset),
+            workload_id=entry.workload_id, input_offset=entry.source_offset, seq=entry.seq,
+            skip=entry.skip, raised_by=holder_id, raised_us=now_us))
     return alarms
 
 

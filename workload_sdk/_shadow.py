@@ -56,7 +56,16 @@ from fx_kafka.workload_log import LogGap, TopicView, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._code import Code
 from workload_sdk._core import Core, Item
-from workload_sdk._replay import _item, _merge_records, _Specs, first_workload, out_slots, replay
+from workload_sdk._replay import (
+    _item,
+    _merge_records,
+    _skip_differs,
+    _Specs,
+    first_workload,
+    out_slots,
+    recorded_skip,
+    replay,
+)
 
 __all__ = [
     "DecisionDiff",
@@ -327,7 +336,7 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
         eid = record.effect_id
         if eid is not None and eid in shadow_answers and record.action != "deliver":
             continue  # the recorded bookkeeping of a re-issued request (accepted, late answers)
-        item = _item(log, record)
+        item = recorded_skip(_item(log, record), record)
         substituted = eid is not None and eid in shadow_answers and record.action == "deliver"
         if substituted and eid is not None:
             answer = shadow_answers[eid]
@@ -338,7 +347,9 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
                 update={"effect_id": eid, "header": live_resp.header}),
                 (shadow_resolved or {}).get(eid))
         decision = core.classify(item, None if substituted else specs(record.epoch, core.seq))
-        if (decision.action, decision.reason) != (record.action, record.reason):
+        input_step = decision.action == "deliver" and record.source == "in"
+        if (decision.action, decision.reason) != (record.action, record.reason) and not (
+                input_step and record.reason == "quarantined"):
             result.diverged_at = record.seq
             result.divergence = (f"at step {record.seq} the log recorded {record.action}/"
                                  f"{record.reason or '-'} for {record.source}@"
@@ -355,6 +366,11 @@ def fold(workload: Workload, log: WorkloadLog, ev: ShadowEvalRecord,
         except WorkloadError as exc:
             result.diverged_at = record.seq
             result.divergence = f"the step raised under the shadow answers: {exc}"
+            return result
+        differs = _skip_differs(record, applied)
+        if differs is not None:
+            result.diverged_at = record.seq
+            result.divergence = differs
             return result
         if applied.decision.action != "deliver":
             continue

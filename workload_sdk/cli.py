@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker_schema import ChunkRef, SpecRecord, StreamRef, encode, topics
+from broker_schema import ChunkRef, InputPolicy, SpecRecord, StreamRef, encode, topics
 from fx_kafka.cli_errors import run_command
 from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
@@ -44,6 +44,7 @@ from workload_sdk._loader import load_workload
 from workload_sdk._local import LocalModelUnavailable
 from workload_sdk._observe import DEFAULT_GROUP_PREFIXES
 from workload_sdk._replay import ReplayError, compare_outputs, diff, replay
+from workload_sdk._skip_cli import register as register_skip
 from workload_sdk._trim import NEVER_TRIMMED, TrimPlan
 from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import render_tree, why
@@ -234,6 +235,9 @@ def _spec(args: argparse.Namespace) -> int:
         audit_horizon_ms=args.audit_horizon_ms,
         local_models=local,
         local_max_tokens_per_step=args.local_max_tokens,
+        input_policy=InputPolicy(wait_ms=args.input_wait_ms, then=args.on_unresolvable,
+                                 on_step_error=args.on_step_error),
+        chunk_store=args.chunk_store,
     )
     try:
         offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
@@ -770,6 +774,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("--audit-horizon-ms", type=int, metavar="MS",
                       help="keep .in/.out/.resp/.merge records at least this long; `fx trim` "
                       "deletes older ones (default: forever, nothing is trimmed)")
+    spec.add_argument("--input-wait-ms", type=int, default=30_000, metavar="MS",
+                      help="input_policy: how long after an input is appended the holder "
+                      "waits for a chunk or stream record it names (default 30000)")
+    spec.add_argument("--on-unresolvable", choices=("quarantine", "stop"), default="quarantine",
+                      help="input_policy: then skip the input on the record, with an alarm "
+                      "(default), or stop the holder there")
+    spec.add_argument("--on-step-error", choices=("quarantine", "stop"), default="quarantine",
+                      help="input_policy: an input whose step raises is skipped on the record, "
+                      "with an alarm (default), or stops the holder")
+    spec.add_argument("--chunk-store", choices=("kafka", "fs"), default="kafka",
+                      help="the chunk store every service of the workload uses: sys.chunks "
+                      "(default) or a shared directory (a holder with another refuses to "
+                      "start; docs/operations.md)")
     spec.add_argument("--force", action="store_true",
                       help="write model hashes no node on sys.facts (and no --model-dir store) "
                       "holds; they are recorded on the spec as unchecked_models")
@@ -803,6 +820,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bootstrap_arg(inp)
     inp.set_defaults(func=needs_workload(_input, exit_code=EXIT_MISMATCH,
                                         bootstrap=_bootstrap))
+    register_skip(sub, bootstrap_arg, _bootstrap, EXIT_MISMATCH)
 
     rp = subparsers.add_parser("replay", help="rebuild a workload's state from its log "
                                "(never calls an executor)")

@@ -79,6 +79,12 @@ def responses(draw: st.DrawFn) -> bs.ResponseRecord:
     )
 
 
+skip_notes: st.SearchStrategy[bs.SkipNote] = st.builds(
+    bs.SkipNote, cause=st.sampled_from(["unresolvable", "step_raised", "operator"]),
+    detail=st.text(max_size=30), principal=st.none() | node_ids,
+    order_offset=st.none() | offsets)
+
+
 @st.composite
 def merges(draw: st.DrawFn) -> bs.MergeEntry:
     action = draw(st.sampled_from(["deliver", "pass_over"]))
@@ -106,7 +112,10 @@ records: st.SearchStrategy[Any] = st.one_of(
                                                       workload_class="Gate")
                                       for o in sorted(steps))),
               outstanding_limit=st.integers(1, 100), audit_horizon_ms=st.none() | offsets,
-              chunks_from=st.lists(workload_ids, max_size=2).map(tuple)).flatmap(
+              chunks_from=st.lists(workload_ids, max_size=2).map(tuple),
+              input_policy=st.builds(bs.InputPolicy, wait_ms=offsets,
+                                     then=st.sampled_from(["quarantine", "stop"])),
+              chunk_store=st.sampled_from(["kafka", "fs"])).flatmap(
         lambda spec: st.dictionaries(st.sampled_from(spec.effect_kinds or (bs.INFERENCE_KIND,)),
                                      guarantees, max_size=2).map(
             lambda g: spec.model_copy(update={"guarantees": g})
@@ -155,6 +164,14 @@ records: st.SearchStrategy[Any] = st.one_of(
             value=st.none() | st.integers(min_value=0, max_value=65535)))),
     st.builds(bs.AlarmAckRecord, alarm_id=st.just("cam-1/4/1@2"), acked_by=node_ids,
               note=st.text(max_size=20), acked_us=offsets),
+    st.builds(bs.SkipOrderRecord, workload_id=workload_ids, input_offset=offsets,
+              reason=st.text(min_size=1, max_size=20), principal=node_ids, ordered_us=offsets),
+    st.tuples(workload_ids, offsets, skip_notes).map(lambda t: bs.SkipAlarmRecord(
+        alarm_id=bs.skip_alarm_id(t[0], t[1]), workload_id=t[0], input_offset=t[1], seq=0,
+        skip=t[2], raised_by="holder-a", raised_us=1)),
+    st.tuples(workload_ids, offsets, skip_notes).map(lambda t: bs.MergeEntry(
+        workload_id=t[0], seq=t[1], epoch=1, source="in", source_offset=t[1],
+        action="pass_over", reason="quarantined", skip=t[2])),
     st.builds(bs.ActuatorMemoryRecord, node_id=node_ids, entry=st.just("epoch"),
               device=st.just("valve-1"), workload_id=workload_ids, epoch=epochs,
               written_us=offsets),

@@ -92,7 +92,8 @@ async def test_fs_chunk_hash_mismatch(
 ) -> None:
     async with workload(kafka_bootstrap, "fschunk") as wl:
         await wl.setup({"magika": magika_hash})
-        cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root)
+        cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
+                              chunk_backend="fs")
         chunks = FsChunkStore(cfg.chunk_dir)
         data = os.urandom(100_000)
         ref = await chunks.put(data, workload=wl.workload_id)

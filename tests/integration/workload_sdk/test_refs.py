@@ -4,8 +4,9 @@ An input whose body is a chunk reference (the chunk put with the executor's ``fx
 --workload ID``, Kafka backend, run as a process) or a stream reference: the holder reads what it
 names before the step, so the step reads its bytes; replay reads it too and gives the same
 outputs; once the chunk is deleted (tombstones on ``sys.chunks``) ``fx replay`` stops with exit 3
-naming it. A chunk that was never written stops the live holder (after a bounded wait) naming it,
-with nothing merged past it, and a holder started once the chunk is there carries on. A state
+naming it. A chunk that was never written stops the live holder (after a bounded wait, under
+``input_policy.then = "stop"``) naming it, with nothing merged past it, and a holder started
+once the chunk is there carries on. A state
 past the 64 KiB inline limit is snapshotted by chunk reference, and a restarted holder resumes
 from that snapshot.
 
@@ -27,6 +28,7 @@ import pytest
 from broker_schema import (
     INFERENCE_KIND,
     ChunkRef,
+    InputPolicy,
     MergeEntry,
     OutputRecord,
     SnapshotRecord,
@@ -195,18 +197,21 @@ async def test_a_chunk_never_written_stops_the_holder_naming_it_and_nothing_is_l
     kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
 ) -> None:
     """With a filesystem chunk store shared with executors (``HolderConfig.chunk_dir``,
-    ``--chunk-dir``)."""
+    ``--chunk-dir``; the spec's ``chunk_store = "fs"``), under ``input_policy.then = "stop"``
+    (the default, ``quarantine``, skips it on the record: tests/integration/workload_sdk/
+    test_skip.py)."""
     from executor.chunks import FsChunkStore
 
     wid = unique_workload_id
     data = b"written later\n" * 6000
     missing = ChunkRef(hash=sha256_hex(data), size=len(data))
     async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(INFERENCE_KIND,),
-                               models={"m": MODEL}) as h:
+                               models={"m": MODEL}, chunk_store="fs",
+                               input_policy=InputPolicy(wait_ms=2000, then="stop")) as h:
         await h.send_input({"note": 0})
         at = await h.send_input(missing)
         await h.send_input({"note": 2})
-        holder, stop, task = await _start(h, "refs-b", chunk_dir=str(tmp_path), ref_wait_s=2.0)
+        holder, stop, task = await _start(h, "refs-b", chunk_dir=str(tmp_path))
         try:
             with pytest.raises(RefGap) as caught:
                 await asyncio.wait_for(task, 60)
