@@ -84,6 +84,7 @@ ErrorCode = Literal[
     "device_unreachable",  # the device could not be reached; nothing was written to it
     "device_refused",  # the device answered the write with an exception; nothing changed
     "readback_mismatch",  # the device took the write but reads back another value
+    "ledger_refused",  # the node's receipt ledger holds a leaf it did not append: no receipt
     "internal",  # a bug; the message says more
 ]
 
@@ -99,6 +100,7 @@ _RETRIABLE_CODES: frozenset[ErrorCode] = frozenset({
     "parity_gate_refused",
     "shutdown",
     "device_unreachable",
+    "ledger_refused",
     "internal",
 })
 #: Whether reissuing a request that ended in this error can succeed (as data, not as classes),

@@ -295,11 +295,16 @@ def _verify(args: argparse.Namespace) -> int:
         notes.append("request not checked: the request record is on .out "
                      "(fx verify --workload checks request_hash and prompt_text_hash)")
         if history is not None:
-            problem = _certified_problem(history, r, record)
+            try:
+                problem, note = _certified_problem(history, r, args.bootstrap)
+            except (OSError, ValueError, TimeoutError) as e:
+                problem, note = f"the node's ledger could not be read: {e}", None
             if problem is None:
                 checks.append("signer's key certified for the node by the fleet key")
             else:
                 reasons.append(f"the signer's key is not trusted: {problem}")
+            if note is not None:
+                notes.append(note)
         status = ("FAIL" if reasons else "OK" if authenticated
                   else "CHECKED (signer not authenticated)")
         print(f"receipt {i} seq={r.get('seq')} node={r.get('node_id')}: {status}")
@@ -329,20 +334,42 @@ def _oracle_backend(args: argparse.Namespace) -> str | None:
     return "oracle" if args.numpy_oracle else None
 
 
-def _certified_problem(history: Any, r: dict[str, Any], record: dict[str, Any] | None
-                       ) -> str | None:
-    """Why the receipt's key is not one the key history trusts for its node at the response's
-    time (a bare receipt has no time: a revoked key is then not trusted at all)."""
+def _certified_problem(history: Any, r: dict[str, Any], bootstrap: str | None
+                       ) -> tuple[str | None, str | None]:
+    """Why the receipt's key is not one the key history trusts for its node, or None, and a
+    note. A receipt in a file carries no time its signer did not choose (its response's
+    ``finished_us`` is the signer's own clock), so it is judged undated: a revoked key's receipt
+    is refused unless a checkpoint the broker appended before the revocation includes it (read
+    from the node's ledger, ``sys.ledger.<node>``; the note says which)."""
+    import asyncio
+
+    from broker_schema.key_history import ledger_key_judge, revoked_from
+    from executor.ledger import read_ledger
+    from fx_integer import ledger as L
+    from fx_kafka.client import bootstrap_of
+
     try:
         key = bytes.fromhex(str(r.get("public_key")))
     except ValueError:
-        return "the receipt's public_key is not hex"
-    at_us = None
-    if record is not None and isinstance(record.get("timing"), dict):
-        finished = record["timing"].get("finished_us")
-        at_us = finished if isinstance(finished, int) else None
-    problem: str | None = history.key_problem(str(r.get("node_id")), key, at_us)
-    return problem
+        return "the receipt's public_key is not hex", None
+    node = str(r.get("node_id"))
+    problem: str | None = history.key_problem(node, key, None)
+    cut = revoked_from(history, node, key)
+    if problem is None or cut is None:
+        return problem, None
+    values = asyncio.run(read_ledger(bootstrap_of(bootstrap), node))
+    found = L.audit(values, node, history.public_keys(node),
+                    key_problem=ledger_key_judge(history, node))
+    index = found.find(r)
+    before = None if index is None else found.checkpointed_before(index, cut)
+    if before is None:
+        return (f"{problem}; a receipt in a file carries no time its signer did not choose, and "
+                f"no checkpoint on sys.ledger.{node} appended before the revocation includes "
+                "it"), None
+    cp, at = before
+    return None, (f"signed by a key revoked from {cut} us, but leaf {index} of the node's "
+                  f"ledger is under its checkpoint of {cp.size} leaves, which the broker "
+                  f"appended at {at} us, before the revocation: trusted as logged before it")
 
 
 def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:

@@ -92,6 +92,9 @@ class ReceiptLog:
     requests: dict[int, EffectRequest]
     facts: dict[str, FactsRecord]
     undecodable: int = 0
+    #: the broker's append time (µs) of each response by offset: the time its signer's key is
+    #: judged at (a time the signer does not choose)
+    appended_us: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, log: WorkloadLog) -> ReceiptLog:
@@ -106,6 +109,7 @@ class ReceiptLog:
                 continue
             if isinstance(record, ResponseRecord):
                 out.responses.append((rec.offset, record))
+                out.appended_us[rec.offset] = rec.time_ms * 1000
         for rec in log["out"]:
             try:
                 record = decode(rec.value)
@@ -431,7 +435,8 @@ def verify_records(
         # broker_schema.key_history)
         node = response_node(resp)
         signer: bytes | None = None
-        verdict = response_signer(resp, facts, key_history)
+        appended_us = log.appended_us.get(offset)
+        verdict = response_signer(resp, facts, key_history, appended_us=appended_us)
         if isinstance(verdict, TrustedKey):
             signer = verdict.public_key
             check.checks.append(f"response signature (key {verdict.key_id}, certified for the "
@@ -449,7 +454,8 @@ def verify_records(
             receipt_key = bytes.fromhex(str(receipt.get("public_key")))
         except ValueError:
             receipt_key = b""
-        problem = receipt_key_problem(resp, receipt_key, facts, key_history)
+        problem = receipt_key_problem(resp, receipt_key, facts, key_history,
+                                      appended_us=appended_us)
         if key_history is not None:
             if problem is not None:
                 check.reasons.append(f"the receipt's key is not trusted: {problem.detail}")
