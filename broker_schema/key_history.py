@@ -51,6 +51,7 @@ __all__ = [
     "KeySpan",
     "TrustedKey",
     "build_history",
+    "file_receipt_key_problem",
     "ledger_key_judge",
     "node_keys",
     "receipt_key_problem",
@@ -398,3 +399,25 @@ def revoked_from(history: KeyHistory, node_id: str, public_key: bytes) -> int | 
     cuts = [s.revoked_us for s in history.spans(node_id)
             if s.public_key == public_key and s.revoked_us is not None]
     return min(cuts) if cuts else None
+
+
+def file_receipt_key_problem(history: KeyHistory, node_id: str, public_key: bytes,
+                             logged_before: Callable[[int], str | None]
+                             ) -> tuple[str | None, str | None]:
+    """Why a receipt read from a file (``fx verify FILE``), signed by ``public_key`` for
+    ``node_id``, is not trusted, or None; and a note. Such a receipt carries no time its signer
+    did not choose (its response's ``finished_us`` is the signer's own clock), so it is judged
+    undated (:meth:`KeyHistory.key_problem` with no time): a revoked key's receipt is refused,
+    unless ``logged_before(revoked_us)`` says how a checkpoint the broker appended before the
+    revocation includes it (then trusted, and that is the note). ``not_before_us`` is not
+    judged: nothing dates the receipt."""
+    problem = history.key_problem(node_id, public_key, None)
+    cut = revoked_from(history, node_id, public_key)
+    if problem is None or cut is None:
+        return problem, None
+    note = logged_before(cut)
+    if note is None:
+        return (f"{problem}; a receipt in a file carries no time its signer did not choose, "
+                f"and no checkpoint of the node's ledger appended before the revocation "
+                f"includes it"), None
+    return None, note

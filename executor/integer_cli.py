@@ -337,13 +337,12 @@ def _oracle_backend(args: argparse.Namespace) -> str | None:
 def _certified_problem(history: Any, r: dict[str, Any], bootstrap: str | None
                        ) -> tuple[str | None, str | None]:
     """Why the receipt's key is not one the key history trusts for its node, or None, and a
-    note. A receipt in a file carries no time its signer did not choose (its response's
-    ``finished_us`` is the signer's own clock), so it is judged undated: a revoked key's receipt
-    is refused unless a checkpoint the broker appended before the revocation includes it (read
-    from the node's ledger, ``sys.ledger.<node>``; the note says which)."""
+    note: :func:`broker_schema.key_history.file_receipt_key_problem` (a receipt in a file is
+    undated; a revoked key's receipt stands only when a checkpoint the broker appended before
+    the revocation includes it, read from ``sys.ledger.<node>``)."""
     import asyncio
 
-    from broker_schema.key_history import ledger_key_judge, revoked_from
+    from broker_schema.key_history import file_receipt_key_problem, ledger_key_judge
     from executor.ledger import read_ledger
     from fx_integer import ledger as L
     from fx_kafka.client import bootstrap_of
@@ -353,23 +352,14 @@ def _certified_problem(history: Any, r: dict[str, Any], bootstrap: str | None
     except ValueError:
         return "the receipt's public_key is not hex", None
     node = str(r.get("node_id"))
-    problem: str | None = history.key_problem(node, key, None)
-    cut = revoked_from(history, node, key)
-    if problem is None or cut is None:
-        return problem, None
-    values = asyncio.run(read_ledger(bootstrap_of(bootstrap), node))
-    found = L.audit(values, node, history.public_keys(node),
-                    key_problem=ledger_key_judge(history, node))
-    index = found.find(r)
-    before = None if index is None else found.checkpointed_before(index, cut)
-    if before is None:
-        return (f"{problem}; a receipt in a file carries no time its signer did not choose, and "
-                f"no checkpoint on sys.ledger.{node} appended before the revocation includes "
-                "it"), None
-    cp, at = before
-    return None, (f"signed by a key revoked from {cut} us, but leaf {index} of the node's "
-                  f"ledger is under its checkpoint of {cp.size} leaves, which the broker "
-                  f"appended at {at} us, before the revocation: trusted as logged before it")
+
+    def logged_before(cut_us: int) -> str | None:
+        values = asyncio.run(read_ledger(bootstrap_of(bootstrap), node))
+        found = L.audit(values, node, history.public_keys(node),
+                        key_problem=ledger_key_judge(history, node))
+        return L.logged_before_note(found, r, cut_us)
+
+    return file_receipt_key_problem(history, node, key, logged_before)
 
 
 def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:

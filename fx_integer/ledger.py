@@ -70,6 +70,7 @@ __all__ = [
     "leaf_hash",
     "leaf_problem",
     "leaf_record",
+    "logged_before_note",
     "node_hash",
     "open_checkpoint",
     "open_checkpoint_key",
@@ -478,6 +479,10 @@ def checkpoint_record(note: str) -> bytes:
     return _canonical({"format": FORMAT, "type": "checkpoint", "note": note})
 
 
+_FIELDS: Final = {"leaf": {"format", "type", "index", "receipt"},
+                  "checkpoint": {"format", "type", "note"}}
+
+
 def parse_record(value: bytes) -> dict[str, Any]:
     """A ledger record (``LedgerError`` when it is not one)."""
     try:
@@ -497,6 +502,16 @@ def parse_record(value: bytes) -> dict[str, Any]:
             raise LedgerError("a checkpoint record has a note")
     else:
         raise LedgerError(f"unknown ledger record type {kind!r}")
+    extra = sorted(set(rec) - _FIELDS[kind])
+    if extra:
+        raise LedgerError(f"a {kind} record with fields it does not have: {', '.join(extra)}")
+    try:
+        canonical = _canonical(rec)
+    except (TypeError, ValueError):
+        raise LedgerError("not encodable as canonical JSON") from None
+    if canonical != value:
+        raise LedgerError(f"a {kind} record not in its canonical bytes (sorted keys, no "
+                          "whitespace, UTF-8, as the writer writes it)")
     return rec
 
 
@@ -543,6 +558,8 @@ class Audit:
     checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
     #: the broker's append time (µs) of each of :attr:`checkpoints`, None when not read
     checkpoint_times: list[int | None] = dataclasses.field(default_factory=list)
+    #: the stream offset of each of :attr:`checkpoints`
+    checkpoint_offsets: list[int] = dataclasses.field(default_factory=list)
     #: leaf indexes whose receipt is not the node's own (:func:`leaf_problem`)
     foreign: list[int] = dataclasses.field(default_factory=list)
     #: (kind, message): kind is "gap", "fork", "truncation", "signature", "foreign" or
@@ -582,6 +599,20 @@ class Audit:
                     and self.tree.root(cp.size) == cp.root:
                 return cp, at
         return None
+
+
+def logged_before_note(found: Audit, receipt: Mapping[str, Any], cut_us: int) -> str | None:
+    """How ``receipt`` is shown logged before ``cut_us`` (a sentence), or None: its leaf in
+    ``found`` is under a verified checkpoint the broker appended before ``cut_us``
+    (:meth:`Audit.checkpointed_before`)."""
+    index = found.find(receipt)
+    before = None if index is None else found.checkpointed_before(index, cut_us)
+    if index is None or before is None:
+        return None
+    cp, at = before
+    return (f"signed by a key revoked from {cut_us} us, but leaf {index} of the node's ledger is "
+            f"under its checkpoint of {cp.size} leaves, which the broker appended at {at} us, "
+            "before the revocation: trusted as logged before it")
 
 
 def _entry(item: Sequence[Any]) -> tuple[int, bytes, int | None]:
@@ -665,6 +696,7 @@ def audit(values: Iterable[Sequence[Any]], node_id: str,
                                             f"covers foreign leaves {covered}"))
         out.checkpoints.append(cp)
         out.checkpoint_times.append(at)
+        out.checkpoint_offsets.append(offset)
     chains: dict[str, list[int]] = {}
     for i, r in enumerate(out.receipts):
         if isinstance(r.get("seq"), int) and i not in out.foreign:

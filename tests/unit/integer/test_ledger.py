@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -395,3 +396,20 @@ def test_checkpoints_are_judged_by_their_append_time() -> None:
     # with no append time a key with a problem is not trusted at all
     undated = L.audit(_stream(key, pub, 1), "n1", pub, key_problem=revoked_from_3500)
     assert undated.checkpoints == [] and undated.foreign == [0]
+
+
+def test_ledger_records_are_strict() -> None:
+    # issue 31's guess: extra fields and non-canonical bytes are malformed (a verifier must not
+    # read a record the writer would never write)
+    key, pub = _key()
+    leaf = L.leaf_record(0, _receipt(key, pub, 0))
+    assert L.parse_record(leaf)["type"] == "leaf"
+    rec = json.loads(leaf)
+    for bad in (json.dumps(rec).encode(),  # whitespace
+                L._canonical({**rec, "extra": 1}),
+                json.dumps(rec, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=True).replace("leaf", "le\\u0061f").encode()):
+        with pytest.raises(L.LedgerError):
+            L.parse_record(bad)
+    kinds = {k for k, _ in L.audit([(0, json.dumps(rec).encode())], "n1", pub).problems}
+    assert kinds == {"malformed"}
