@@ -92,7 +92,7 @@ def build() -> dict[str, Any]:
     responses = [json.loads(line) for line in
                  (HERE / "responses.jsonl").read_text().splitlines()]
     node = receipts[0]["node_id"]
-    node_hex, other_hex = node_key.public_key.hex(), other.public_key.hex()
+    node_hex = node_key.public_key.hex()
 
     def cert(key: signatures.SigningKey, *, not_before: int = 0) -> Any:
         return _json(certify(fleet, node, key.public_key, not_before_us=not_before,
