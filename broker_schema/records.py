@@ -761,7 +761,8 @@ class KeyCertRecord(_Model):
     #: base64 of the raw public key (:mod:`broker_schema.signatures`).
     public_key: PublicKeyText
     key_id: Hash
-    #: Signatures dated (``timing.finished_us``) before this are not covered (0: any).
+    #: Signatures on records the broker appended before this (µs) are not covered (0: any);
+    #: not judged for a receipt in a file, which has no such time (docs/receipts.md).
     not_before_us: Micros = 0
     issued_us: Micros
     issuer_key_id: Hash
@@ -773,8 +774,9 @@ class KeyCertRecord(_Model):
 
 
 class KeyRevokeRecord(_Model):
-    """A node key revoked by the fleet key, on ``sys.keys``: what the key signs dated at or after
-    ``revoked_us`` is no longer trusted (0: nothing it ever signed is)."""
+    """A node key revoked by the fleet key, on ``sys.keys``: what the key signed on a record the
+    broker appended at or after ``revoked_us`` is no longer trusted (0: nothing it ever signed
+    is); a receipt in a file, only when a checkpoint appended before it includes the receipt."""
 
     kind: Literal["key_revoke"] = "key_revoke"
     v: Literal[1] = SCHEMA_VERSION

@@ -430,6 +430,12 @@ def verify_records(
         check = ReceiptCheck(offset=offset, effect_id=resp.effect_id, node_id=resp.written_by,
                              seq=seq_val if isinstance(seq_val, int) else None, text=text)
         checks.append(check)
+        # 0. the workload: a response copied onto another workload's .resp names its own
+        # (its header, and the receipt's context, which the signatures cover)
+        if resp.header.workload_id != log.workload_id:
+            check.reasons.append(f"the response names workload {resp.header.workload_id!r}, not "
+                                 f"{log.workload_id!r} whose .resp it is on (replayed onto "
+                                 "another workload's topic)")
         # 1. the response record's own signature: against a certified key of the node it claims
         # (with a key history), else against that node's key on sys.facts (the one rule:
         # broker_schema.key_history)

@@ -186,7 +186,7 @@ def build() -> dict[str, Any]:
 
 
 def main() -> None:
-    out = json.dumps(build(), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    out = json.dumps(build(), sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
     (HERE / "trust.json").write_text(out, encoding="utf-8")
     print(f"wrote {HERE / 'trust.json'}")
 
