@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from broker_schema import FactsRecord, ResponseRecord, Signature, decode, encode, signatures
-from workload_sdk import WorkloadLog, check_signatures
+from workload_sdk import ReadResponse, WorkloadLog, check_signatures
 
 #: A recorded log whose signed responses serve as the template (an executor's ``ok``).
 GOLDEN = (Path(__file__).resolve().parents[1] / "tests" / "unit" / "workload_sdk" / "golden"
           / "asker_failover.jsonl")
 
 
-def _batch(n: int, nodes: int) -> tuple[list[tuple[int, ResponseRecord]], list[FactsRecord]]:
+def _batch(n: int, nodes: int) -> tuple[list[ReadResponse], list[FactsRecord]]:
     log = WorkloadLog.from_jsonl(GOLDEN)
     template = next(r for r in (decode(x.value) for x in log["resp"])
                     if isinstance(r, ResponseRecord) and r.signature is not None)
@@ -39,7 +39,7 @@ def _batch(n: int, nodes: int) -> tuple[list[tuple[int, ResponseRecord]], list[F
                                      "public_key": signatures.public_key_text(k.public_key)})
              for i, k in enumerate(keys)]
     assert template.executor is not None
-    out = []
+    out: list[ReadResponse] = []
     for i in range(n):
         node = i % nodes
         resp = template.model_copy(update={
@@ -47,7 +47,7 @@ def _batch(n: int, nodes: int) -> tuple[list[tuple[int, ResponseRecord]], list[F
             "executor": template.executor.model_copy(update={"node_id": f"exec-{node}"})})
         sig = Signature(key_id=keys[node].key_id, value=base64.b64encode(
             keys[node].sign(resp.signing_bytes())).decode())
-        out.append((i, resp.model_copy(update={"signature": sig})))
+        out.append((i, resp.model_copy(update={"signature": sig}), None))
     return out, facts
 
 
@@ -58,10 +58,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     batch, facts = _batch(args.responses, args.nodes)
-    wire = [encode(r) for _, r in batch]
+    wire = [encode(r) for _, r, _ in batch]
     keys = {f.key_id: signatures.public_key_from_text(f.public_key) for f in facts}
     signed = [(keys[r.signature.key_id], base64.b64decode(r.signature.value), r.signing_bytes())
-              for _, r in batch if r.signature is not None]
+              for _, r, _ in batch if r.signature is not None]
     check_best = decode_best = bytes_best = verify_best = float("inf")
     for _ in range(args.rounds):
         t0 = time.perf_counter()
@@ -73,7 +73,7 @@ def main() -> None:
             decode(value)
         decode_best = min(decode_best, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        for _, r in batch:
+        for _, r, _ in batch:
             r.signing_bytes()
         bytes_best = min(bytes_best, time.perf_counter() - t0)
         t0 = time.perf_counter()

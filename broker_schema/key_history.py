@@ -8,11 +8,13 @@ is given to every verifier out of band (``--fleet-key``, ``FX_FLEET_PUBLIC_KEY``
 from time T on"). A record not signed by a given fleet key is ignored (and reported).
 
 The trust rule, one function (:meth:`KeyHistory.key_problem`): a signature by key K on behalf of
-node N, dated t (a response's ``timing.finished_us``, or None when the signed thing carries no
-time, as a bare receipt), is trusted when some certificate of K for N verifies with a fleet key,
-``t >= not_before_us`` (when t is known), and no revocation of K for N has ``revoked_us <= t``
-(when t is unknown: no revocation at all). Rotation is a second certificate: the old key stays
-trusted for what it signed. ``sys.facts`` says which key a node uses *now*; it decides nothing.
+node N, dated t (a time the signer does not choose: the broker's append time of the record that
+carries it, the response record on ``.resp`` or the checkpoint on ``sys.ledger.<node>``; None
+when there is none, as for a bare receipt or response in a file), is trusted when some
+certificate of K for N verifies with a fleet key, ``t >= not_before_us`` (when t is known), and
+no revocation of K for N has ``revoked_us <= t`` (when t is unknown: no revocation at all).
+Rotation is a second certificate: the old key stays trusted for what it signed. ``sys.facts``
+says which key a node uses *now*; it decides nothing.
 
 Which key a *response* may be signed with is decided once, by :func:`response_key_problem`
 (``fx why``, ``fx audit``, ``fx verify --workload``, the lease holder's signature watcher and
@@ -20,10 +22,15 @@ the console all ask it): with a key history by the rule above, else by the keys 
 on ``sys.facts`` (unauthenticated: whoever can write ``sys.facts`` decides them). The node it
 checks is the one the response claims produced it (:func:`response_node`).
 
-Limits, stated: t is the signer's own clock, signed by the same key. A revocation after a key
-leaked stops signatures dated later, but the thief can back-date; what was signed before the
-revocation stays trusted only as far as the node's ledger (``fx ledger``) pins it. Revoke at 0
-to distrust everything a key ever signed.
+Why the append time and not ``timing.finished_us`` (issue 31): ``finished_us`` is the signer's
+own clock, signed by the same key, so a thief holding a revoked key could date an answer one
+microsecond before the revocation. The broker stamps a record's append time
+(``LogAppendTime`` on every workload and ledger topic); a mirrored copy keeps the site's. An
+answer appended after the revocation is refused, even one computed before it. A bare receipt
+(``fx verify FILE``) has no such time: a revoked key's receipt is refused unless a checkpoint
+the broker appended before the revocation includes it (``fx verify`` says so), and
+``not_before_us`` is not judged for it (nothing dates it). Revoke at 0 to distrust everything a
+key ever signed.
 """
 
 from __future__ import annotations
@@ -31,15 +38,29 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from broker_schema import signatures
 from broker_schema.records import FactsRecord, KeyCertRecord, KeyRevokeRecord, ResponseRecord
 
-__all__ = ["KeyHistory", "KeyProblem", "KeyProblemCode", "KeySpan", "TrustedKey",
-           "build_history", "node_keys", "receipt_key_problem", "record_problem",
-           "response_key_problem", "response_node", "response_signer"]
+__all__ = [
+    "KeyHistory",
+    "KeyProblem",
+    "KeyProblemCode",
+    "KeySpan",
+    "TrustedKey",
+    "build_history",
+    "file_receipt_key_problem",
+    "ledger_key_judge",
+    "node_keys",
+    "receipt_key_problem",
+    "record_problem",
+    "response_key_problem",
+    "response_node",
+    "response_signer",
+    "revoked_from",
+]
 
 
 @dataclasses.dataclass
@@ -233,18 +254,17 @@ def response_node(response: ResponseRecord) -> str:
     return response.executor.node_id if response.executor is not None else response.written_by
 
 
-def _signed_at(response: ResponseRecord) -> int | None:
-    return response.timing.finished_us if response.timing is not None else None
-
-
 def response_signer(response: ResponseRecord, facts: Sequence[FactsRecord],
-                    history: KeyHistory | None) -> TrustedKey | KeyProblem:
+                    history: KeyHistory | None, *,
+                    appended_us: int | None = None) -> TrustedKey | KeyProblem:
     """The key ``response`` is validly signed with, trusted for the node it claims
     (:func:`response_node`) at its time, or why not. Pure.
 
     With ``history`` (the node keys a fleet key certified, :func:`build_history`): a
     certificate of the signature's key for the node, the signature verifying with it, and the
-    key trusted at the response's ``timing.finished_us`` (:meth:`KeyHistory.key_problem`);
+    key trusted at ``appended_us``, the broker's append time of the response record in µs
+    (:meth:`KeyHistory.key_problem`; None, for a record read from a file: no time, so a revoked
+    key is not trusted);
     ``facts`` are not read. Without: a record of ``facts`` (the records on ``sys.facts``,
     oldest first) of that node publishing a key whose raw bytes hash to the signature's key id
     and with which the signature verifies (the latest such record first).
@@ -270,7 +290,7 @@ def response_signer(response: ResponseRecord, facts: Sequence[FactsRecord],
         problem = signatures.response_signature_problem(response, span.public_key)
         if problem is not None:
             return KeyProblem("bad_signature", node, sig.key_id, "history", problem)
-        problem = history.key_problem(node, span.public_key, _signed_at(response))
+        problem = history.key_problem(node, span.public_key, appended_us)
         if problem is not None:
             return KeyProblem("untrusted", node, sig.key_id, "history", problem)
         return TrustedKey(node, span.public_key, span.key_id, "history", span.offset)
@@ -307,25 +327,28 @@ def response_signer(response: ResponseRecord, facts: Sequence[FactsRecord],
 
 
 def response_key_problem(response: ResponseRecord, facts: Sequence[FactsRecord],
-                         history: KeyHistory | None) -> KeyProblem | None:
+                         history: KeyHistory | None, *,
+                         appended_us: int | None = None) -> KeyProblem | None:
     """None when the key that signed ``response`` is trusted for the node it claims at its
     time (with ``history``: by the fleet certificates; else: published by that node on
     ``facts``) and the signature verifies with it; else why not (:func:`response_signer`, whose
     docstring says which node, and which caller had it wrong before). Pure."""
-    found = response_signer(response, facts, history)
+    found = response_signer(response, facts, history, appended_us=appended_us)
     return found if isinstance(found, KeyProblem) else None
 
 
 def receipt_key_problem(response: ResponseRecord, receipt_key: bytes,
                         facts: Sequence[FactsRecord],
-                        history: KeyHistory | None) -> KeyProblem | None:
+                        history: KeyHistory | None, *,
+                        appended_us: int | None = None) -> KeyProblem | None:
     """Why ``receipt_key`` (the raw key an integer-engine receipt of ``response`` names) is not
-    trusted for the node the response claims (:func:`response_node`) at its time, or None.
+    trusted for the node the response claims (:func:`response_node`) at ``appended_us`` (the
+    response record's append time, as :func:`response_signer`), or None.
     With ``history``: certified for the node and not revoked then. Without: the key the
     node's latest record of ``facts`` publishes (``unknown_key`` when the node has none)."""
     node = response_node(response)
     if history is not None:
-        problem = history.key_problem(node, receipt_key, _signed_at(response))
+        problem = history.key_problem(node, receipt_key, appended_us)
         return None if problem is None else KeyProblem(
             "untrusted", node, None, "history", problem)
     latest = [f for f in facts if f.node_id == node][-1:]
@@ -354,3 +377,47 @@ def node_keys(node_id: str, facts: Sequence[FactsRecord],
         return [signatures.public_key_from_text(f.public_key) for f in latest]
     except ValueError:
         return []
+
+
+def ledger_key_judge(history: KeyHistory, node_id: str) -> Callable[[bytes, int | None],
+                                                                     str | None]:
+    """The rule for what a node signs on its ledger (``sys.ledger.<node>``): a checkpoint, or
+    the receipt of a leaf, signed by key K is trusted when K is certified for ``node_id`` and
+    trusted at the broker's append time of its record (µs; None: no such time, so a revoked key
+    is not trusted): :meth:`KeyHistory.key_problem`, the rule receipts on the log are judged by.
+    Given to :func:`fx_integer.ledger.audit` as its ``key_problem``."""
+
+    def judge(public_key: bytes, at_us: int | None) -> str | None:
+        return history.key_problem(node_id, public_key, at_us)
+
+    return judge
+
+
+def revoked_from(history: KeyHistory, node_id: str, public_key: bytes) -> int | None:
+    """When ``public_key``'s trust for ``node_id`` ends (the earliest revocation, µs), or None
+    when it is not revoked."""
+    cuts = [s.revoked_us for s in history.spans(node_id)
+            if s.public_key == public_key and s.revoked_us is not None]
+    return min(cuts) if cuts else None
+
+
+def file_receipt_key_problem(history: KeyHistory, node_id: str, public_key: bytes,
+                             logged_before: Callable[[int], str | None]
+                             ) -> tuple[str | None, str | None]:
+    """Why a receipt read from a file (``fx verify FILE``), signed by ``public_key`` for
+    ``node_id``, is not trusted, or None; and a note. Such a receipt carries no time its signer
+    did not choose (its response's ``finished_us`` is the signer's own clock), so it is judged
+    undated (:meth:`KeyHistory.key_problem` with no time): a revoked key's receipt is refused,
+    unless ``logged_before(revoked_us)`` says how a checkpoint the broker appended before the
+    revocation includes it (then trusted, and that is the note). ``not_before_us`` is not
+    judged: nothing dates the receipt."""
+    problem = history.key_problem(node_id, public_key, None)
+    cut = revoked_from(history, node_id, public_key)
+    if problem is None or cut is None:
+        return problem, None
+    note = logged_before(cut)
+    if note is None:
+        return (f"{problem}; a receipt in a file carries no time its signer did not choose, "
+                f"and no checkpoint of the node's ledger appended before the revocation "
+                f"includes it"), None
+    return None, note

@@ -84,6 +84,7 @@ ErrorCode = Literal[
     "device_unreachable",  # the device could not be reached; nothing was written to it
     "device_refused",  # the device answered the write with an exception; nothing changed
     "readback_mismatch",  # the device took the write but reads back another value
+    "ledger_refused",  # the node's receipt ledger holds a leaf it did not append: no receipt
     "internal",  # a bug; the message says more
 ]
 
@@ -99,6 +100,7 @@ _RETRIABLE_CODES: frozenset[ErrorCode] = frozenset({
     "parity_gate_refused",
     "shutdown",
     "device_unreachable",
+    "ledger_refused",
     "internal",
 })
 #: Whether reissuing a request that ended in this error can succeed (as data, not as classes),
@@ -871,7 +873,8 @@ class KeyCertRecord(_Model):
     #: base64 of the raw public key (:mod:`broker_schema.signatures`).
     public_key: PublicKeyText
     key_id: Hash
-    #: Signatures dated (``timing.finished_us``) before this are not covered (0: any).
+    #: Signatures on records the broker appended before this (µs) are not covered (0: any);
+    #: not judged for a receipt in a file, which has no such time (docs/receipts.md).
     not_before_us: Micros = 0
     issued_us: Micros
     issuer_key_id: Hash
@@ -883,8 +886,9 @@ class KeyCertRecord(_Model):
 
 
 class KeyRevokeRecord(_Model):
-    """A node key revoked by the fleet key, on ``sys.keys``: what the key signs dated at or after
-    ``revoked_us`` is no longer trusted (0: nothing it ever signed is)."""
+    """A node key revoked by the fleet key, on ``sys.keys``: what the key signed on a record the
+    broker appended at or after ``revoked_us`` is no longer trusted (0: nothing it ever signed
+    is); a receipt in a file, only when a checkpoint appended before it includes the receipt."""
 
     kind: Literal["key_revoke"] = "key_revoke"
     v: Literal[1] = SCHEMA_VERSION

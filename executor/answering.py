@@ -18,6 +18,7 @@ together and their acks awaited together); only then is the request's offset set
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -35,7 +36,7 @@ from executor.config import ExecutorConfig
 from executor.engine_pool import EnginePool
 from executor.engines import Engine, EngineResult, KindHandler
 from executor.inputs import InputReader
-from executor.ledger import LedgerWriter
+from executor.ledger import LedgerRefused, LedgerWriter
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelManifest
 from executor.scheduler import HANDLER_KEY, Job, Scheduler
@@ -376,7 +377,12 @@ class Answerer:
         signed_receipt = (result.receipt or {}).get("integer") if isinstance(
             result, EngineResult) else None
         if isinstance(signed_receipt, dict):
-            await self._log_receipt(signed_receipt)
+            try:
+                await self._log_receipt(signed_receipt)
+            except LedgerRefused as exc:
+                # never a receipt that is not on the node's ledger: the request gets an error
+                # another node may answer (retriable), and the receipt is dropped
+                result, receipt_base = OutcomeError("ledger_refused", str(exc)), None
         # Leaving the in-flight table first claims the right to answer: a job answered by
         # shutdown is not answered again when its engine call returns.
         state = self.state
@@ -423,16 +429,45 @@ class Answerer:
 
     async def _log_receipt(self, receipt: Mapping[str, Any]) -> None:
         """Append ``receipt`` to ``sys.ledger.<node>`` with a fresh signed checkpoint
-        (:class:`executor.ledger.LedgerWriter`), through the node's producer."""
-        ledger = self._ledger
-        if ledger is None:
-            ledger = self._ledger = LedgerWriter(self.config.bootstrap, self.config.node_id,
-                                                 self.identity)
+        (:class:`executor.ledger.LedgerWriter`), through the node's producer;
+        :class:`~executor.ledger.LedgerRefused` when the ledger holds a foreign leaf."""
 
         async def produce(topic: str, value: bytes, key: bytes) -> Any:
             return await self.producer.produce("ledger", topic, value, key)
 
-        await ledger.append(receipt, produce)
+        await self.ledger().append(receipt, produce)
+
+    def ledger(self) -> LedgerWriter:
+        """This node's ledger writer (made once; :meth:`check_ledger` loads it at start)."""
+        ledger = self._ledger
+        if ledger is None:
+            from broker_schema.signatures import public_key_from_text
+
+            def refused(found: Any) -> None:
+                self.metrics.ledger_foreign_leaves.set(len(found.foreign))
+
+            ledger = self._ledger = LedgerWriter(
+                self.config.bootstrap, self.config.node_id, self.identity,
+                keys_file=self.config.ledger_keys_file,
+                previous_keys=[_raw_key(k, public_key_from_text)
+                               for k in self.config.ledger_previous_keys],
+                on_refused=refused)
+        return ledger
+
+    async def check_ledger(self) -> None:
+        """At start, when the node signs receipts: read and check its ledger (a foreign leaf is
+        said at once: error log, metric, alert; receipts are then refused)."""
+        # said by the writer; every receipt is then answered ledger_refused
+        with contextlib.suppress(LedgerRefused):
+            await self.ledger().load()
+
+
+def _raw_key(text: str, from_text: Any) -> bytes:
+    """A configured public key: hex (as in receipts), else base64 (as on ``sys.facts``)."""
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return bytes(from_text(text))
 
 
 def _timed(run_batch: Any, target: str, items: list[Any]) -> tuple[Any, float, int, int]:

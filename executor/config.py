@@ -54,6 +54,10 @@ class ExecutorConfig(NodeConfig):
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "node.key")
     #: The type of a key created at ``key_file``: ``ed25519`` or ``secp256k1`` (ECDSA, for
     #: notarising receipts on chains that use that curve). docs/security.md, "Node keys".
+    #: Public keys (base64 as on ``sys.facts``, or hex) this node signed its receipt ledger with
+    #: before, when ``ledger_keys_file`` does not list them (a node moved to another machine):
+    #: the ledger's leaves signed by them are its own, not foreign (docs/ledger.md).
+    ledger_previous_keys: list[str] = Field(default_factory=list, max_length=64)
     #: Chunk store: ``kafka`` (compacted ``sys.chunks``, across machines, with ``chunk_dir``
     #: as its local cache: the default of every service, docs/operations.md "One chunk
     #: store") or ``fs`` (a directory every service shares). Published in the node's facts.
@@ -108,6 +112,12 @@ class ExecutorConfig(NodeConfig):
         if unserved:
             raise ValueError(f"handlers names kinds that are not in kinds: {unserved}")
         return self
+
+    @property
+    def ledger_keys_file(self) -> Path:
+        """Where the node remembers every key it signed its receipt ledger with (so a rotated
+        node still knows its earlier leaves as its own): beside the node key."""
+        return self.key_file.with_name(f"ledger-keys.{self.node_id}.json")
 
     @property
     def receipt_chain_file(self) -> Path:

@@ -295,11 +295,16 @@ def _verify(args: argparse.Namespace) -> int:
         notes.append("request not checked: the request record is on .out "
                      "(fx verify --workload checks request_hash and prompt_text_hash)")
         if history is not None:
-            problem = _certified_problem(history, r, record)
+            try:
+                problem, note = _certified_problem(history, r, args.bootstrap)
+            except (OSError, ValueError, TimeoutError) as e:
+                problem, note = f"the node's ledger could not be read: {e}", None
             if problem is None:
                 checks.append("signer's key certified for the node by the fleet key")
             else:
                 reasons.append(f"the signer's key is not trusted: {problem}")
+            if note is not None:
+                notes.append(note)
         status = ("FAIL" if reasons else "OK" if authenticated
                   else "CHECKED (signer not authenticated)")
         print(f"receipt {i} seq={r.get('seq')} node={r.get('node_id')}: {status}")
@@ -329,20 +334,32 @@ def _oracle_backend(args: argparse.Namespace) -> str | None:
     return "oracle" if args.numpy_oracle else None
 
 
-def _certified_problem(history: Any, r: dict[str, Any], record: dict[str, Any] | None
-                       ) -> str | None:
-    """Why the receipt's key is not one the key history trusts for its node at the response's
-    time (a bare receipt has no time: a revoked key is then not trusted at all)."""
+def _certified_problem(history: Any, r: dict[str, Any], bootstrap: str | None
+                       ) -> tuple[str | None, str | None]:
+    """Why the receipt's key is not one the key history trusts for its node, or None, and a
+    note: :func:`broker_schema.key_history.file_receipt_key_problem` (a receipt in a file is
+    undated; a revoked key's receipt stands only when a checkpoint the broker appended before
+    the revocation includes it, read from ``sys.ledger.<node>``)."""
+    import asyncio
+
+    from broker_schema.key_history import file_receipt_key_problem, ledger_key_judge
+    from executor.ledger import read_ledger
+    from fx_integer import ledger as L
+    from fx_kafka.client import bootstrap_of
+
     try:
         key = bytes.fromhex(str(r.get("public_key")))
     except ValueError:
-        return "the receipt's public_key is not hex"
-    at_us = None
-    if record is not None and isinstance(record.get("timing"), dict):
-        finished = record["timing"].get("finished_us")
-        at_us = finished if isinstance(finished, int) else None
-    problem: str | None = history.key_problem(str(r.get("node_id")), key, at_us)
-    return problem
+        return "the receipt's public_key is not hex", None
+    node = str(r.get("node_id"))
+
+    def logged_before(cut_us: int) -> str | None:
+        values = asyncio.run(read_ledger(bootstrap_of(bootstrap), node))
+        found = L.audit(values, node, history.public_keys(node),
+                        key_problem=ledger_key_judge(history, node))
+        return L.logged_before_note(found, r, cut_us)
+
+    return file_receipt_key_problem(history, node, key, logged_before)
 
 
 def add_verify(subparsers: Any, name: str = "verify") -> argparse.ArgumentParser:

@@ -41,31 +41,37 @@ def _key(text: str) -> bytes:
 
 
 def _read(args: argparse.Namespace) -> tuple[L.Audit, list[bytes], str]:
-    """The audited ledger, the keys its checkpoints were checked with, and where they came
-    from: ``--fleet-key`` (every key the fleet certified for the node on ``sys.keys``), else
-    ``--key`` (repeatable), else the key the first receipt names (unauthenticated)."""
+    """The audited ledger, the keys its checkpoints and leaves were checked with, and where they
+    came from: ``--fleet-key`` (every key the fleet certified for the node on ``sys.keys``, each
+    judged at the broker's append time of the record it signed: revocations and
+    ``not_before_us`` honoured), else ``--key`` (repeatable), else the key the first receipt
+    names (unauthenticated)."""
+    from broker_schema.key_history import ledger_key_judge
     from executor.ledger import read_ledger
     from fx_kafka.keys import fleet_public_keys, read_history
 
     values = asyncio.run(read_ledger(_bootstrap(args), args.node, topic=args.topic))
     fleet = fleet_public_keys(args.fleet_key) if args.fleet_key else []
+    judge: L.KeyJudge | None = None
     if fleet:
         history = asyncio.run(read_history(_bootstrap(args), fleet))
         keys = history.public_keys(args.node)
         if not keys:
             raise ValueError(f"no key of node {args.node!r} is certified by the fleet key on "
                              "sys.keys")
-        source = f"the {len(keys)} key(s) the fleet key certified for the node on sys.keys"
+        judge = ledger_key_judge(history, args.node)
+        source = (f"the {len(keys)} key(s) the fleet key certified for the node on sys.keys, "
+                  "each judged at the append time of what it signed")
     elif args.key:
         keys, source = [_key(k) for k in args.key], "--key"
     else:
-        first = next((L.parse_record(v) for _, v in values if _is_leaf(v)), None)
+        first = next((L.parse_record(v) for _, v, _ in values if _is_leaf(v)), None)
         pk = first["receipt"].get("public_key") if first else None
         if not isinstance(pk, str):
             raise ValueError("no --key and no receipt in the ledger names one")
         keys = [_key(pk)]
         source = "the key its first receipt names (give --key or --fleet-key to pin it)"
-    return L.audit(values, args.node, keys), keys, source
+    return L.audit(values, args.node, keys, key_problem=judge), keys, source
 
 
 def _is_leaf(value: bytes) -> bool:
@@ -109,6 +115,12 @@ def _prove(args: argparse.Namespace) -> int:
     results = []
     for receipt in _load_receipts(Path(args.receipt)):
         index = a.find(receipt)
+        if index is not None and index in a.foreign:
+            results.append({"seq": receipt.get("seq"), "included": False, "leaf_index": index,
+                            "why": "a foreign leaf: the node did not sign it (see "
+                                   "ledger_problems)"})
+            bad += 1
+            continue
         if index is None or index >= cp.size:
             results.append({"seq": receipt.get("seq"), "included": False,
                             "why": "not in the ledger" if index is None else

@@ -117,6 +117,12 @@ class ExecutorMetrics:
             ["model", "backend", "result"],
             registry=r,
         )
+        self.ledger_foreign_leaves = Gauge(
+            "fx_executor_ledger_foreign_leaves",
+            "Leaves of this node's receipt ledger it did not append (> 0: it refuses to extend "
+            "the ledger and serves no receipt; alert FxLedgerForeignLeaf)",
+            registry=r,
+        )
         self.parity_gate_refused = Gauge(
             "fx_executor_parity_gate_refused",
             "1 while the backend is refused for the model by its parity gate, else 0",

@@ -136,8 +136,24 @@ class ModelRunner:
                 await asyncio.to_thread(self.engines.ensure_loaded, model_hash)
             except OutcomeError as exc:
                 log.error("preloading %s failed: %s", model_hash, exc)
+        if self._signs_receipts():
+            await self.answerer.check_ledger()
         self._worker_tasks = [asyncio.create_task(self.answerer.worker())
                               for _ in range(self.config.workers)]
+
+    def _signs_receipts(self) -> bool:
+        """Whether the store holds a model whose engine signs receipts (an integer artifact):
+        then the node's ledger is checked at start, not at its first receipt."""
+        from executor.engines.integer import ENGINE
+
+        store = self.engines.store
+        for model_hash in store.hashes():
+            try:
+                if store.manifest(model_hash, stat=False).engine == ENGINE:
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
 
     def tasks(self) -> list[asyncio.Task[Any]]:
         """The workers."""

@@ -92,6 +92,9 @@ class ReceiptLog:
     requests: dict[int, EffectRequest]
     facts: dict[str, FactsRecord]
     undecodable: int = 0
+    #: the broker's append time (µs) of each response by offset: the time its signer's key is
+    #: judged at (a time the signer does not choose)
+    appended_us: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, log: WorkloadLog) -> ReceiptLog:
@@ -106,6 +109,7 @@ class ReceiptLog:
                 continue
             if isinstance(record, ResponseRecord):
                 out.responses.append((rec.offset, record))
+                out.appended_us[rec.offset] = rec.time_ms * 1000
         for rec in log["out"]:
             try:
                 record = decode(rec.value)
@@ -426,12 +430,19 @@ def verify_records(
         check = ReceiptCheck(offset=offset, effect_id=resp.effect_id, node_id=resp.written_by,
                              seq=seq_val if isinstance(seq_val, int) else None, text=text)
         checks.append(check)
+        # 0. the workload: a response copied onto another workload's .resp names its own
+        # (its header, and the receipt's context, which the signatures cover)
+        if resp.header.workload_id != log.workload_id:
+            check.reasons.append(f"the response names workload {resp.header.workload_id!r}, not "
+                                 f"{log.workload_id!r} whose .resp it is on (replayed onto "
+                                 "another workload's topic)")
         # 1. the response record's own signature: against a certified key of the node it claims
         # (with a key history), else against that node's key on sys.facts (the one rule:
         # broker_schema.key_history)
         node = response_node(resp)
         signer: bytes | None = None
-        verdict = response_signer(resp, facts, key_history)
+        appended_us = log.appended_us.get(offset)
+        verdict = response_signer(resp, facts, key_history, appended_us=appended_us)
         if isinstance(verdict, TrustedKey):
             signer = verdict.public_key
             check.checks.append(f"response signature (key {verdict.key_id}, certified for the "
@@ -449,7 +460,8 @@ def verify_records(
             receipt_key = bytes.fromhex(str(receipt.get("public_key")))
         except ValueError:
             receipt_key = b""
-        problem = receipt_key_problem(resp, receipt_key, facts, key_history)
+        problem = receipt_key_problem(resp, receipt_key, facts, key_history,
+                                      appended_us=appended_us)
         if key_history is not None:
             if problem is not None:
                 check.reasons.append(f"the receipt's key is not trusted: {problem.detail}")

@@ -56,6 +56,7 @@ __all__ = [
     "FORMAT",
     "Audit",
     "Checkpoint",
+    "KeyJudge",
     "LedgerError",
     "MerkleTree",
     "audit",
@@ -67,9 +68,13 @@ __all__ = [
     "key_hash",
     "leaf_data",
     "leaf_hash",
+    "leaf_problem",
     "leaf_record",
+    "logged_before_note",
     "node_hash",
     "open_checkpoint",
+    "open_checkpoint_key",
+    "open_note_key",
     "origin",
     "parse_checkpoint",
     "parse_record",
@@ -398,6 +403,13 @@ def open_note(note: str, name: str, public_keys: bytes | Iterable[bytes]) -> str
     (one raw key, or every key trusted for the signer); :class:`LedgerError` otherwise (as the
     spec says, a failing signature by a known key rejects the note, whatever other lines
     say)."""
+    return open_note_key(note, name, public_keys)[0]
+
+
+def open_note_key(note: str, name: str,
+                  public_keys: bytes | Iterable[bytes]) -> tuple[str, bytes]:
+    """:func:`open_note`, and the key of ``public_keys`` whose signature verified (so a caller
+    can judge that key's dates: :func:`audit` with ``key_problem``)."""
     from broker_schema.signatures import verify
 
     cut = note.rfind("\n\n")
@@ -424,7 +436,7 @@ def open_note(note: str, name: str, public_keys: bytes | Iterable[bytes]) -> str
             continue  # another signer (a witness): not ours to check
         if not verify(key, raw[4:], body.encode("utf-8")):
             raise LedgerError(f"the signature by {name} does not verify")
-        return body
+        return body, key
     raise LedgerError(f"the note carries no signature by {name} with "
                       f"{'this key' if len(known) == 1 else 'any of its keys'}")
 
@@ -433,11 +445,18 @@ def open_checkpoint(note: str, node_id: str,
                     public_keys: bytes | Iterable[bytes]) -> Checkpoint:
     """The checkpoint in ``note``, signed by one of ``public_keys`` and naming ``node_id``'s
     origin."""
+    return open_checkpoint_key(note, node_id, public_keys)[0]
+
+
+def open_checkpoint_key(note: str, node_id: str,
+                        public_keys: bytes | Iterable[bytes]) -> tuple[Checkpoint, bytes]:
+    """:func:`open_checkpoint`, and the key that signed it."""
     name = origin(node_id)
-    cp = parse_checkpoint(open_note(note, name, public_keys))
+    body, key = open_note_key(note, name, public_keys)
+    cp = parse_checkpoint(body)
     if cp.origin != name:
         raise LedgerError(f"the checkpoint's origin is {cp.origin!r}, not {name!r}")
-    return cp
+    return cp, key
 
 
 # ------------------------------------------------------------------------------ stream records
@@ -460,6 +479,10 @@ def checkpoint_record(note: str) -> bytes:
     return _canonical({"format": FORMAT, "type": "checkpoint", "note": note})
 
 
+_FIELDS: Final = {"leaf": {"format", "type", "index", "receipt"},
+                  "checkpoint": {"format", "type", "note"}}
+
+
 def parse_record(value: bytes) -> dict[str, Any]:
     """A ledger record (``LedgerError`` when it is not one)."""
     try:
@@ -479,10 +502,52 @@ def parse_record(value: bytes) -> dict[str, Any]:
             raise LedgerError("a checkpoint record has a note")
     else:
         raise LedgerError(f"unknown ledger record type {kind!r}")
+    extra = sorted(set(rec) - _FIELDS[kind])
+    if extra:
+        raise LedgerError(f"a {kind} record with fields it does not have: {', '.join(extra)}")
+    try:
+        canonical = _canonical(rec)
+    except (TypeError, ValueError):
+        raise LedgerError("not encodable as canonical JSON") from None
+    if canonical != value:
+        raise LedgerError(f"a {kind} record not in its canonical bytes (sorted keys, no "
+                          "whitespace, UTF-8, as the writer writes it)")
     return rec
 
 
 # ------------------------------------------------------------------------------ monitoring
+#: Why a key of the node is not trusted for what it signed at a time (µs since the epoch; None
+#: when no time the signer could not choose is known), or None when it is: a node's key
+#: history bound to the node (``KeyHistory.key_problem``), given to :func:`audit` by
+#: ``fx ledger --fleet-key``.
+KeyJudge = Callable[[bytes, "int | None"], "str | None"]
+
+
+def leaf_problem(receipt: Mapping[str, Any], node_id: str,
+                 public_keys: bytes | Iterable[bytes]) -> str | None:
+    """Why a leaf's receipt is not one ``node_id`` signed with one of ``public_keys`` (it names
+    another node, its ``public_key`` is not one of them, or its signature does not verify over
+    its signing bytes), or None. A leaf that fails this is *foreign*: anyone allowed to write
+    the topic could have appended it, and no checkpoint of the node may cover it."""
+    from broker_schema.signatures import verify
+    from fx_integer.receipt import signing_bytes
+
+    if receipt.get("node_id") != node_id:
+        return f"the receipt names node {receipt.get('node_id')!r}, not {node_id!r}"
+    try:
+        key = bytes.fromhex(str(receipt.get("public_key")))
+        signature = bytes.fromhex(str(receipt.get("signature")))
+    except ValueError:
+        return "the receipt's public_key or signature is not hex"
+    if key not in _keys(public_keys):
+        return f"the receipt is signed by key {key.hex()[:16]}..., not a key of node {node_id!r}"
+    try:
+        good = verify(key, signature, signing_bytes(dict(receipt)))
+    except (TypeError, ValueError):
+        good = False
+    return None if good else "the receipt's signature does not verify with its key"
+
+
 @dataclasses.dataclass
 class Audit:
     """What a walk of a ledger stream found."""
@@ -491,7 +556,14 @@ class Audit:
     receipts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the checkpoints that verified, in stream order
     checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
-    #: (kind, message): kind is "gap", "fork", "truncation", "signature" or "malformed"
+    #: the broker's append time (µs) of each of :attr:`checkpoints`, None when not read
+    checkpoint_times: list[int | None] = dataclasses.field(default_factory=list)
+    #: the stream offset of each of :attr:`checkpoints`
+    checkpoint_offsets: list[int] = dataclasses.field(default_factory=list)
+    #: leaf indexes whose receipt is not the node's own (:func:`leaf_problem`)
+    foreign: list[int] = dataclasses.field(default_factory=list)
+    #: (kind, message): kind is "gap", "fork", "truncation", "signature", "foreign" or
+    #: "malformed"
     problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
@@ -515,25 +587,64 @@ class Audit:
                 return i
         return None
 
+    def checkpointed_before(self, index: int, cut_us: int) -> tuple[Checkpoint, int] | None:
+        """The first verified checkpoint that covers leaf ``index`` and that the broker appended
+        before ``cut_us`` (its append time, which its signer does not choose), with that time;
+        None when there is none. A revoked key's receipt stays trusted when such a checkpoint
+        made before the revocation includes it (``fx verify FILE --fleet-key``)."""
+        if index in self.foreign:
+            return None
+        for cp, at in zip(self.checkpoints, self.checkpoint_times, strict=True):
+            if at is not None and at < cut_us and cp.size > index \
+                    and self.tree.root(cp.size) == cp.root:
+                return cp, at
+        return None
 
-def audit(values: Iterable[tuple[int, bytes]], node_id: str,
-          public_keys: bytes | Iterable[bytes]) -> Audit:
-    """Walk a ledger stream (``(offset, value)`` in order): rebuild the tree from its leaves and
-    check every checkpoint against the leaves before it.
+
+def logged_before_note(found: Audit, receipt: Mapping[str, Any], cut_us: int) -> str | None:
+    """How ``receipt`` is shown logged before ``cut_us`` (a sentence), or None: its leaf in
+    ``found`` is under a verified checkpoint the broker appended before ``cut_us``
+    (:meth:`Audit.checkpointed_before`)."""
+    index = found.find(receipt)
+    before = None if index is None else found.checkpointed_before(index, cut_us)
+    if index is None or before is None:
+        return None
+    cp, at = before
+    return (f"signed by a key revoked from {cut_us} us, but leaf {index} of the node's ledger is "
+            f"under its checkpoint of {cp.size} leaves, which the broker appended at {at} us, "
+            "before the revocation: trusted as logged before it")
+
+
+def _entry(item: Sequence[Any]) -> tuple[int, bytes, int | None]:
+    return item[0], item[1], (item[2] if len(item) > 2 else None)
+
+
+def audit(values: Iterable[Sequence[Any]], node_id: str,
+          public_keys: bytes | Iterable[bytes], *, key_problem: KeyJudge | None = None) -> Audit:
+    """Walk a ledger stream (``(offset, value)`` or ``(offset, value, append_us)`` in order,
+    ``append_us`` the broker's append time of the record in µs): rebuild the tree from its
+    leaves and check every checkpoint against the leaves before it.
 
     - gap: a leaf whose index is past the next one (a record missing), or receipts whose
       ``seq`` skips a number (a receipt signed and never logged);
     - fork: a checkpoint whose root is not the head of the leaves before it, or a second,
       different leaf at an index (the same leaf twice is a retried send, and harmless);
     - truncation: a checkpoint smaller than an earlier one;
-    - signature: a checkpoint not signed by one of the node's keys for its origin.
+    - signature: a checkpoint not signed by one of the node's keys for its origin, or (with
+      ``key_problem``) signed by a key not trusted at the checkpoint record's append time
+      (revoked by then, or certified only from later; no append time: a revoked key is not
+      trusted at all);
+    - foreign: a leaf whose receipt the node did not sign (:func:`leaf_problem`), or (with
+      ``key_problem``) signed by a key not trusted at the leaf record's append time. It stays in
+      the tree (the tree is what the topic holds) and is listed in :attr:`Audit.foreign`.
 
     Receipt chains are per key (a rotated key starts a new chain at seq 0), so the seq checks
     run per ``public_key`` of the receipts.
     """
     keys = _keys(public_keys)
     out = Audit()
-    for offset, value in values:
+    for item in values:
+        offset, value, at = _entry(item)
         try:
             rec = parse_record(value)
         except LedgerError as exc:
@@ -548,14 +659,27 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str,
             if index > len(out.tree):
                 out.problems.append(("gap", f"offset {offset}: leaf {index} where leaf "
                                             f"{len(out.tree)} was due"))
+            foreign = leaf_problem(rec["receipt"], node_id, keys)
+            if foreign is None and key_problem is not None:
+                foreign = key_problem(bytes.fromhex(rec["receipt"]["public_key"]), at)
+            if foreign is not None:
+                out.foreign.append(len(out.tree))
+                out.problems.append(("foreign", f"offset {offset}: leaf {len(out.tree)}: "
+                                                f"{foreign}"))
             out.tree.append(leaf_data(rec["receipt"]))
             out.receipts.append(rec["receipt"])
             continue
         try:
-            cp = open_checkpoint(rec["note"], node_id, keys)
+            cp, key = open_checkpoint_key(rec["note"], node_id, keys)
         except LedgerError as exc:
             out.problems.append(("signature", f"offset {offset}: {exc}"))
             continue
+        if key_problem is not None:
+            dated = key_problem(key, at)
+            if dated is not None:
+                out.problems.append(("signature", f"offset {offset}: checkpoint of {cp.size} "
+                                                  f"appended at {at} us: {dated}"))
+                continue
         prev = out.latest
         if prev is not None and cp.size < prev.size:
             out.problems.append(("truncation", f"offset {offset}: checkpoint of {cp.size} "
@@ -566,13 +690,19 @@ def audit(values: Iterable[tuple[int, bytes]], node_id: str,
         elif out.tree.root(cp.size) != cp.root:
             out.problems.append(("fork", f"offset {offset}: checkpoint root of {cp.size} is "
                                          "not the head of the leaves logged"))
+        covered = [i for i in out.foreign if i < cp.size]
+        if covered:
+            out.problems.append(("foreign", f"offset {offset}: the checkpoint of {cp.size} "
+                                            f"covers foreign leaves {covered}"))
         out.checkpoints.append(cp)
+        out.checkpoint_times.append(at)
+        out.checkpoint_offsets.append(offset)
     chains: dict[str, list[int]] = {}
-    for r in out.receipts:
-        if isinstance(r.get("seq"), int):
+    for i, r in enumerate(out.receipts):
+        if isinstance(r.get("seq"), int) and i not in out.foreign:
             chains.setdefault(str(r.get("public_key")), []).append(r["seq"])
-    for key, seqs in chains.items():
-        whose = f" (key {key[:16]}...)" if len(chains) > 1 else ""
+    for key_text, seqs in chains.items():
+        whose = f" (key {key_text[:16]}...)" if len(chains) > 1 else ""
         for a, b in itertools.pairwise(sorted(seqs)):
             if b > a + 1:
                 out.problems.append(("gap", f"receipt seq {a + 1}..{b - 1} not in the "

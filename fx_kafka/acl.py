@@ -148,6 +148,11 @@ class Roles:
     executor_group_prefix: str = "fx-executor"
     #: an actuator gateway's (run as the executor role) are ``<actuator_group_prefix>.<kind>``
     actuator_group_prefix: str = "fx-actuator"
+    #: ``(node id, user)``: executor nodes that run as a user of their own, each allowed to
+    #: write only its own receipt ledger ``sys.ledger.<node>`` (and given every other executor
+    #: grant). When any is given, the shared ``executor`` user may only read ledgers: nobody can
+    #: append to another node's ledger (docs/ledger.md, "Who may write a ledger").
+    ledger_nodes: tuple[tuple[str, str], ...] = ()
 
 
 def _user(name: str) -> str:
@@ -166,13 +171,19 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
     LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
     R, W, C, D = Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE
     out: list[AclBinding] = []
-    if roles.executor:
-        ex = _user(roles.executor)
+    executors = [_user(u) for u in ([roles.executor] if roles.executor else [])]
+    executors += [_user(user) for _, user in roles.ledger_nodes]
+    for node, user in roles.ledger_nodes:
+        # each node's receipt ledger: written only by its own user
+        out += _grant(_user(user), T, topics.ledger(node), LIT, R, W, D, C)
+    for ex in executors:
         out += _grant(ex, T, topics.FACTS, LIT, W, D, C)
         out += _grant(ex, T, topics.REJECTS, LIT, W, D, C)
         out += _grant(ex, T, topics.CHUNKS, LIT, R, W, D, C)
-        # each node's receipt ledger (sys.ledger.<node>): read back on start, appended to
-        out += _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C)
+        # each node's receipt ledger (sys.ledger.<node>): read back on start, appended to (by
+        # any executor, unless nodes have users of their own: then each writes only its own)
+        out += (_grant(ex, T, topics.LEDGER_PREFIX, PRE, R, D) if roles.ledger_nodes else
+                _grant(ex, T, topics.LEDGER_PREFIX, PRE, R, W, D, C))
         out += _grant(ex, G, f"{roles.executor_group_prefix}.", PRE, R, D)
         # an actuator gateway's memory (sys.actuator.<node>) and consumer groups; the system
         # topics are made at start, sys.alarms among them (a gateway writes an alarm when its
@@ -204,8 +215,7 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(_user(roles.holder), G, f"{roles.actuator_group_prefix}.", PRE, D)
     for wid in dict.fromkeys(workloads):
         topics.check_workload_id(wid)
-        if roles.executor:
-            ex = _user(roles.executor)
+        for ex in executors:
             for name in (topics.out(wid), topics.claims(wid), topics.spec(wid),
                          topics.inputs(wid)):
                 out += _grant(ex, T, name, LIT, R, D)
@@ -362,6 +372,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         apply.add_argument(f"--{role}", default=default, metavar="USER",
                            help=f"the {role} role's SASL user (default {default!r}; '' leaves "
                            "the role out)")
+    apply.add_argument("--ledger-node", action="append", default=[], metavar="NODE=USER",
+                       help="an executor node that runs as a user of its own: USER gets every "
+                            "executor grant and is the only writer of sys.ledger.NODE; with any "
+                            "given, the shared executor user only reads ledgers (repeatable)")
     apply.add_argument("--executor-group-prefix", default="fx-executor",
                        help="the executor's group_prefix (default fx-executor)")
     apply.add_argument("--dry-run", action="store_true", help="print the ACLs, create nothing")
@@ -374,10 +388,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    roles = Roles(executor=args.executor or None, holder=args.holder or None,
-                  producer=args.producer or None, operator=args.operator or None,
-                  executor_group_prefix=args.executor_group_prefix)
     try:
+        nodes = []
+        for item in args.ledger_node:
+            node, sep, user = item.partition("=")
+            if not sep or not node or not user:
+                raise ValueError(f"--ledger-node {item!r}: expected NODE=USER")
+            topics.ledger(node)  # a node id that names a topic
+            nodes.append((node, user))
+        roles = Roles(executor=args.executor or None, holder=args.holder or None,
+                      producer=args.producer or None, operator=args.operator or None,
+                      executor_group_prefix=args.executor_group_prefix,
+                      ledger_nodes=tuple(nodes))
         workloads = [topics.check_workload_id(w) for w in args.workload]
     except ValueError as exc:
         print(f"fx acl apply: {exc}", file=sys.stderr)

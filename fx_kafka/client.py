@@ -384,6 +384,12 @@ MIRROR_SITE_HEADER = "fx.mirror.site"
 MIRROR_LOG_START_HEADER = "fx.mirror.log_start"
 
 
+def broker_time_us(msg: Any) -> int | None:
+    """A consumed record's broker append time in µs (a time its producer did not choose), or
+    None when the topic stamps the producer's time (``CreateTime``)."""
+    return int(msg.timestamp) * 1000 if getattr(msg, "timestamp_type", None) == 1 else None
+
+
 def header_value(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
     """The value of the first header ``name`` of a consumer record's ``headers``, or None."""
     for key, value in headers or ():
@@ -421,6 +427,9 @@ class PartitionRead:
     end: int
     records: list[tuple[int, int, bytes]] = field(default_factory=list)
     mirrored: bool = False
+    #: Whether every record read carries the broker's append time (``LogAppendTime``: a time
+    #: its producer did not choose); False for a mirrored copy or a ``CreateTime`` topic.
+    broker_times: bool = True
     raw_end: int | None = None
 
 
@@ -511,6 +520,8 @@ async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int |
             raw.extend(batch)
         else:
             read.records.extend((m.offset, m.timestamp, m.value or b"") for m in batch)
+            if any(m.timestamp_type != 1 for m in batch):
+                read.broker_times = False
     if not mirrored:
         return read
     records, log_start = _site_records(topic, raw)
@@ -519,4 +530,4 @@ async def read_partition(consumer: AIOKafkaConsumer, topic: str, *, start: int |
     return PartitionRead(
         begin=site_begin, end=max(site_end, start or 0),
         records=[r for r in records if start is None or r[0] >= start],
-        mirrored=True, raw_end=end)
+        mirrored=True, raw_end=end, broker_times=False)

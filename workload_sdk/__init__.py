@@ -88,7 +88,7 @@ from workload_sdk._replay import (
     out_slots,
     replay,
 )
-from workload_sdk._signature_tally import check_signatures
+from workload_sdk._signature_tally import ReadResponse, check_signatures
 from workload_sdk._trim import TopicTrim, TrimPlan, plan_trim
 from workload_sdk._trim_io import trim_workload
 from workload_sdk._why import why
@@ -120,6 +120,7 @@ __all__ = [
     "Output",
     "Pending",
     "ReadBack",
+    "ReadResponse",
     "Replaced",
     "ReplayError",
     "ReplayResult",

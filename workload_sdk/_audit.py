@@ -100,7 +100,7 @@ from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._core import Core
 from workload_sdk._replay import ReplayError, ReplayResult, compare_outputs, out_slots, replay
-from workload_sdk._signature_tally import check_signatures, holder_written
+from workload_sdk._signature_tally import ReadResponse, check_signatures, holder_written
 
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
@@ -607,13 +607,14 @@ def _check_signatures(rd: _Reader, log: WorkloadLog, claims: _Claims,
     for name in ("responses", "signed", "valid", "invalid", "unchecked", "unsigned_holder",
                  "unsigned"):
         inv.counts[name] = 0
-    responses = [(rec.offset, record) for rec, record in rd.records(resp)
-                 if isinstance(record, ResponseRecord)]
+    responses: list[ReadResponse] = [(rec.offset, record, rec.time_ms * 1000)
+                                     for rec, record in rd.records(resp)
+                                     if isinstance(record, ResponseRecord)]
     tally = check_signatures(responses, log.facts, key_history, holder_ids=holders, final=True)
     unsigned = [f.offset for f in tally.failures if f.reason == "unsigned"]
     unchecked = [f"{resp.topic}@{f.offset}" for f in tally.failures if f.reason == "unknown_key"]
     unsigned_delivered = sum(offset in delivered for offset in unsigned)
-    outcome = {offset: record.outcome for offset, record in responses}
+    outcome = {offset: record.outcome for offset, record, _ in responses}
     inv.counts["responses"] = len(responses)
     inv.counts["signed"] = tally.checked - len(unsigned)
     inv.counts["unsigned_holder"] = len(responses) - tally.checked

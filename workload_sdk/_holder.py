@@ -102,7 +102,7 @@ from broker_schema import (
 )
 from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
 from broker_schema.streams import STREAM_RECORDS, OutRecord, SourceRecord
-from fx_kafka.client import make_consumer, make_producer
+from fx_kafka.client import broker_time_us, make_consumer, make_producer
 from fx_kafka.workload import (
     check_workload_topics,
     ensure_alarms_topic,
@@ -146,6 +146,7 @@ from workload_sdk._kafka_io import read_resume_log
 from workload_sdk._module_store import code_for, read_modules
 from workload_sdk._observe import PendingRequest
 from workload_sdk._round import alarms_for, merge_batch, outcomes_due, skip_alarms, tick_due
+from workload_sdk._signature_tally import ReadResponse
 
 if TYPE_CHECKING:  # the metrics are the process's (cli), never needed to run the fold
     from workload_sdk._holder_metrics import HolderMetrics
@@ -497,7 +498,7 @@ class LeaseHolder:
         topic_source = {tp_in: "in", tp_resp: "resp"}
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=self._poll_timeout_ms())
-            responses: list[tuple[int, ResponseRecord]] = []
+            responses: list[ReadResponse] = []
             for tp, msgs in batch.items():
                 if tp not in topic_source:  # .spec: a binding change to adopt, or refuse
                     for msg in msgs:
@@ -507,7 +508,7 @@ class LeaseHolder:
                 for msg in msgs:
                     item = self._decode(source, msg)
                     if item is not None and isinstance(item.record, ResponseRecord):
-                        responses.append((msg.offset, item.record))
+                        responses.append((msg.offset, item.record, broker_time_us(msg)))
                     if item is not None:
                         item = await refs.resolved(
                             item, msg.topic, core, self.spec, stop,

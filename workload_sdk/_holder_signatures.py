@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
-from broker_schema import FactsRecord, ResponseRecord, topics
+from broker_schema import FactsRecord, topics
 from fx_kafka.workload_log import read_facts_since
 from workload_sdk._holder_config import HOLDER_LOG as log
 from workload_sdk._holder_config import HolderConfig, HolderStats
 from workload_sdk._signature_tally import (
+    ReadResponse,
     SignatureFailure,
     SignatureTally,
     check_signatures,
@@ -61,9 +62,9 @@ class SignatureWatcher:
         self._facts_next: int | None = None
         self._history: KeyHistory | None = None
         self._keys_read = False
-        self._queue: deque[tuple[int, ResponseRecord]] = deque()
+        self._queue: deque[ReadResponse] = deque()
         self._queued = asyncio.Event()
-        self._pending: list[tuple[int, ResponseRecord]] = []
+        self._pending: list[ReadResponse] = []
         self._wake = asyncio.Event()
         self._said: dict[tuple[str, str], tuple[float, int]] = {}
 
@@ -79,7 +80,7 @@ class SignatureWatcher:
         return [asyncio.create_task(self._keys_loop(stop)),
                 asyncio.create_task(self._check_loop(stop))]
 
-    def queue(self, responses: list[tuple[int, ResponseRecord]]) -> None:
+    def queue(self, responses: list[ReadResponse]) -> None:
         """Queue what one read of ``.resp`` brought for the check loop: the merge never waits
         for a signature check."""
         room = self.QUEUE_MAX - len(self._queue)

@@ -16,7 +16,7 @@ from broker_schema.key_history import response_key_problem, response_node
 if TYPE_CHECKING:
     from broker_schema.key_history import KeyHistory
 
-__all__ = ["SIGNATURE_FAILURE_REASONS", "SignatureFailure", "SignatureTally",
+__all__ = ["SIGNATURE_FAILURE_REASONS", "ReadResponse", "SignatureFailure", "SignatureTally",
            "check_signatures", "holder_written", "latest_keys"]
 
 
@@ -29,6 +29,11 @@ __all__ = ["SIGNATURE_FAILURE_REASONS", "SignatureFailure", "SignatureTally",
 SIGNATURE_FAILURE_REASONS: tuple[str, ...] = ("invalid", "unknown_key", "unsigned")
 
 #: The outcomes a lease holder writes itself, unsigned (it has no node key).
+
+
+#: A response as read from ``.resp``: its offset, the record and the broker's append time of the
+#: record in µs (the time its signer's key is judged at; None when not known).
+ReadResponse = tuple[int, ResponseRecord, "int | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +55,7 @@ class SignatureTally:
 
     checked: int = 0
     failures: list[SignatureFailure] = field(default_factory=list)
-    retry: list[tuple[int, ResponseRecord]] = field(default_factory=list)
+    retry: list[ReadResponse] = field(default_factory=list)
 
 
 def holder_written(resp: ResponseRecord, holder_ids: Set[str]) -> bool:
@@ -60,10 +65,10 @@ def holder_written(resp: ResponseRecord, holder_ids: Set[str]) -> bool:
             and resp.executor is None and resp.written_by in holder_ids)
 
 
-def check_signatures(responses: Iterable[tuple[int, ResponseRecord]],
+def check_signatures(responses: Iterable[ReadResponse],
                      facts: Sequence[FactsRecord], history: KeyHistory | None = None, *,
                      holder_ids: Set[str], final: bool) -> SignatureTally:
-    """Check each ``(offset, response)`` read from ``.resp`` with the one rule
+    """Check each ``(offset, response, append_us)`` read from ``.resp`` with the one rule
     (:func:`broker_schema.key_history.response_key_problem`: against ``facts``, the records on
     ``sys.facts``, or the fleet ``history``). A lease holder's own unsigned ``timeout`` or
     ``unknown`` (:func:`holder_written`) is neither checked nor a failure; an unsigned
@@ -72,7 +77,7 @@ def check_signatures(responses: Iterable[tuple[int, ResponseRecord]],
     first); when ``final``, it is ``invalid`` (``valid`` False) or ``unknown_key`` (no key
     found). Pure: it decides nothing the merge log records."""
     tally = SignatureTally()
-    for offset, resp in responses:
+    for offset, resp, appended_us in responses:
         node = response_node(resp)
         if resp.signature is None:
             if holder_written(resp, holder_ids):
@@ -81,12 +86,12 @@ def check_signatures(responses: Iterable[tuple[int, ResponseRecord]],
             tally.failures.append(SignatureFailure(offset, resp.effect_id, node, "unsigned",
                                                    "the response carries no signature"))
             continue
-        problem = response_key_problem(resp, facts, history)
+        problem = response_key_problem(resp, facts, history, appended_us=appended_us)
         if problem is None:
             tally.checked += 1
             continue
         if not final:
-            tally.retry.append((offset, resp))
+            tally.retry.append((offset, resp, appended_us))
             continue
         tally.checked += 1
         tally.failures.append(SignatureFailure(

@@ -37,14 +37,16 @@ MAX_HOPS = 64
 
 
 def verify_signature(resp: ResponseRecord, facts: list[FactsRecord],
-                     history: KeyHistory | None = None) -> dict[str, Any]:
+                     history: KeyHistory | None = None, *,
+                     appended_us: int | None = None) -> dict[str, Any]:
     """Check the signature of ``resp`` over :meth:`ResponseRecord.signing_bytes`: the rule is
     :func:`broker_schema.key_history.response_signer` (one for ``fx why``, ``fx audit``,
     ``fx verify`` and the holder); this says its verdict as ``fx why`` shows it.
 
     With ``history`` (the node keys a fleet key certified on ``sys.keys``,
     :mod:`broker_schema.key_history`): ``valid`` is True only when the signature's key is
-    certified for the response's executor node, trusted at the response's time, and the
+    certified for the response's executor node, trusted at ``appended_us`` (the broker's append
+    time of the response record; None: no time, a revoked key not trusted), and the
     signature verifies; ``authenticated`` is then True. Without it, with the public key the
     executor published on ``sys.facts`` under the signature's ``key_id`` (``authenticated``
     False: anyone who can write ``sys.facts`` decides that key):
@@ -57,7 +59,7 @@ def verify_signature(resp: ResponseRecord, facts: list[FactsRecord],
     sig = resp.signature
     if sig is None:
         return {"signed": False, "valid": None, "reason": "the response carries no signature"}
-    found = response_signer(resp, facts, history)
+    found = response_signer(resp, facts, history, appended_us=appended_us)
     out: dict[str, Any] = {"signed": True, "key_id": sig.key_id, "node_id": response_node(resp),
                            "authenticated": False}
     if isinstance(found, TrustedKey):
@@ -191,7 +193,8 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             "executor": None if record.executor is None else record.executor.model_dump(
                 mode="json"),
             "written_by": record.written_by,
-            "signature": verify_signature(record, log.facts, key_history),
+            "signature": verify_signature(record, log.facts, key_history,
+                                          appended_us=raw.time_ms * 1000),
         }
         node["response"] = resp
         out_view = log["out"]

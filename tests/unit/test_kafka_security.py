@@ -161,3 +161,33 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
         assert AclBinding(ho, ResourceType.GROUP, prefix, PatternType.PREFIXED, R) not in plan
     with pytest.raises(ValueError):
         plan_acls(Roles(), ["bad.id"])
+
+
+def test_per_node_users_write_only_their_own_ledger() -> None:
+    # issue 31: anyone allowed to write sys.ledger.<node> could append a foreign leaf; with
+    # per-node users only the node itself may
+    roles = Roles(holder=None, producer=None, ledger_nodes=(("gpu-1", "node-gpu-1"),
+                                                            ("gpu-2", "node-gpu-2")))
+    plan = plan_acls(roles, ["w"])
+
+    def allowed(principal: str, op: Operation, topic: str) -> bool:
+        return any(b.principal == principal and b.resource_type == ResourceType.TOPIC
+                   and b.operation == op and (
+                       (b.pattern == PatternType.LITERAL and b.name == topic)
+                       or (b.pattern == PatternType.PREFIXED and topic.startswith(b.name)))
+                   for b in plan)
+
+    W, R = Operation.WRITE, Operation.READ
+    assert allowed("User:node-gpu-1", W, "sys.ledger.gpu-1")
+    assert not allowed("User:node-gpu-1", W, "sys.ledger.gpu-2")
+    assert not allowed("User:node-gpu-2", W, "sys.ledger.gpu-1")
+    assert not allowed("User:executor", W, "sys.ledger.gpu-1")  # the shared user only reads
+    assert allowed("User:executor", R, "sys.ledger.gpu-1")
+    # a node user is an executor in every other respect
+    for user in ("User:node-gpu-1", "User:node-gpu-2"):
+        assert allowed(user, W, "wl.w.resp") and allowed(user, R, "wl.w.out")
+        assert allowed(user, W, "sys.facts")
+    # without per-node users the shared executor user writes every ledger, as before
+    shared = plan_acls(Roles(holder=None, producer=None), ["w"])
+    assert any(b.principal == "User:executor" and b.operation == W
+               and b.name == "sys.ledger." for b in shared)

@@ -85,7 +85,7 @@ async def test_ledger_holds_every_receipt(
     assert len(audit.tree) == 3 and audit.latest is not None and audit.latest.size == 3
     assert sorted(r["seq"] for r in audit.receipts) == [0, 1, 2]
     assert all(audit.find(r) is not None for r in receipts)
-    assert [L.parse_record(v)["type"] for _, v in values] == ["leaf", "checkpoint"] * 3
+    assert [L.parse_record(v)["type"] for _, v, _ in values] == ["leaf", "checkpoint"] * 3
 
     # inclusion of every receipt, as a file of the response's receipts
     receipt_file = tmp_path / "receipts.json"
@@ -118,7 +118,7 @@ async def test_ledger_holds_every_receipt(
     assert rc == 0, seen
 
     # a truncated copy: the last receipt and its checkpoint dropped
-    raw_values = [v for _, v in values]
+    raw_values = [v for _, v, _ in values]
     truncated = await _copy(kafka_bootstrap, raw_values[:4])
     rc, seen = _watch(kafka_bootstrap, node, key_b64, state, "--topic", truncated)
     assert rc == 1 and any(p.startswith("truncation") for p in seen["problems"]), seen

@@ -39,10 +39,14 @@ from broker_schema import (
 from broker_schema.records import InlineBody, InputRecord
 from broker_schema.signatures import SigningKey
 from fx_kafka.acl import Operation, PatternType, ResourceType, Roles, apply_acls, plan_acls
-from fx_kafka.client import make_admin, make_producer
+from fx_kafka.client import create_topics, make_admin, make_producer
 from fx_kafka.local import LocalKafka
 from fx_kafka.security import ClientSecurity, use_security
-from fx_kafka.workload import ensure_system_topics, ensure_workload_topics
+from fx_kafka.workload import (
+    WORKLOAD_TOPIC_CONFIGS,
+    ensure_system_topics,
+    ensure_workload_topics,
+)
 from fx_kafka.workload_log import read_topic
 from fx_node.admission import input_problem
 from workload_sdk import WorkloadLog, compare_outputs, replay
@@ -52,7 +56,10 @@ from workload_sdk.testing import WorkloadHarness, fx_command
 pytestmark = pytest.mark.integration
 
 WA, WB, WC = "atka", "atkb", "atkc"
-USERS = ("holder-a", "holder-b", "producer-a", "producer-b", "holder-c", "producer-c")
+USERS = ("holder-a", "holder-b", "producer-a", "producer-b", "holder-c", "producer-c",
+         "node-a", "node-b")
+#: issue 31: executor nodes with users of their own, each the only writer of its ledger
+LEDGER_NODES = (("atk-node-a", "node-a"), ("atk-node-b", "node-b"))
 ROLES = {WA: Roles(holder="holder-a", producer="producer-a"),
          WB: Roles(holder="holder-b", producer="producer-b"),
          WC: Roles(holder="holder-c", producer="producer-c")}
@@ -79,6 +86,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
                 await ensure_system_topics(broker.bootstrap)
             for wid, roles in ROLES.items():
                 await apply_acls(broker.bootstrap, plan_acls(roles, [wid]), security=admin)
+            await apply_acls(broker.bootstrap, plan_acls(Roles(
+                executor=None, holder=None, producer=None, operator=None,
+                ledger_nodes=LEDGER_NODES)), security=admin)
+            with use_security(admin):
+                await create_topics(broker.bootstrap, [topics.ledger(n) for n, _ in LEDGER_NODES],
+                                    configs=WORKLOAD_TOPIC_CONFIGS)
             operator = broker.security_for("operator")
             for wid in (WA, WB):
                 spec = SpecRecord(workload_id=wid, module_hash=MODULE_HASH,
@@ -135,6 +148,23 @@ async def test_a_holder_cannot_grant_itself_another_workloads_inputs(kafka: Loca
     # the operator may still grant (it reads everything it grants)
     assert await _send(bootstrap, kafka.security_for("operator"), topics.spec(WA),
                        encode(grant)) >= 1
+
+
+# -- issue 31: nobody appends to another node's ledger ----------------------------------------
+async def test_a_node_writes_only_its_own_ledger(kafka: LocalKafka) -> None:
+    """With per-node users (``fx acl apply --ledger-node NODE=USER``) a foreign leaf cannot be
+    appended to another node's ledger at all: the broker refuses the write."""
+    bootstrap = kafka.bootstrap
+    (node_a, user_a), (node_b, _) = LEDGER_NODES
+    leaf = b'{"format":"fx-ledger/1","index":0,"receipt":{},"type":"leaf"}'
+    assert await _send(bootstrap, kafka.security_for(user_a), topics.ledger(node_a), leaf,
+                       key=node_a.encode()) >= 0
+    with pytest.raises(TopicAuthorizationFailedError):
+        await _send(bootstrap, kafka.security_for(user_a), topics.ledger(node_b), leaf,
+                    key=node_b.encode())
+    # node b's own user still writes it
+    assert await _send(bootstrap, kafka.security_for(LEDGER_NODES[1][1]), topics.ledger(node_b),
+                       leaf, key=node_b.encode()) >= 0
 
 
 # -- 6. ACLs as narrow as documented ----------------------------------------------------------

@@ -75,6 +75,7 @@ def test_the_alerts_the_issue_asks_for() -> None:
         "FxUnknownOutcomes": 'outcome="unknown"',
         "FxBackpressure": 'outcome="backpressure"',
         "FxParityGateRefused": "fx_executor_parity_gate_refused",
+        "FxLedgerForeignLeaf": "fx_executor_ledger_foreign_leaves",
         "FxSignatureInvalid": 'fx_holder_signature_failures_total{reason=~"invalid|unsigned"}',
         "FxExecutorDown": 'up{job="fx-executor"} == 0',
         "FxWorkloadWithoutLeader": "fx_holder_leader",

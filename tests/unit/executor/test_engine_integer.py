@@ -528,3 +528,10 @@ def test_verify_records_with_a_key_history(store: ModelStore, manifest: ModelMan
                                (1, certify(fleet, "node-b", new.public_key))],
                               [fleet.public_key])
     assert any("no fleet certificate" in r for r in reasons(elsewhere))
+    # issue 31's guess: a response copied onto another workload's .resp is refused by name
+    log.facts["node-a"] = _facts("node-a", new)
+    moved = ReceiptLog("wl2", log.responses, log.requests, log.facts)
+    copied = verify_records(moved, resolve=resolve, key_history=history, reexecute=False)
+    assert not copied.ok
+    assert all(any("replayed onto another workload's topic" in r for r in c.reasons)
+               for c in copied.receipts)

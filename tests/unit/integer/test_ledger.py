@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -187,6 +188,16 @@ def _key() -> tuple[Ed25519PrivateKey, bytes]:
     return key, pub
 
 
+def _receipt(key: Ed25519PrivateKey, pub: bytes, seq: int, node: str = "n1",
+             **extra: object) -> dict[str, object]:
+    """A receipt-shaped leaf signed by ``key`` over its signing bytes (a leaf the node did not
+    sign is foreign: L.leaf_problem)."""
+    from fx_integer.receipt import signing_bytes
+
+    receipt: dict[str, object] = {"seq": seq, "node_id": node, "public_key": pub.hex(), **extra}
+    return {**receipt, "signature": key.sign(signing_bytes(receipt)).hex()}
+
+
 def test_checkpoint_note_format() -> None:
     key, pub = _key()
     name = L.origin("n1")
@@ -249,7 +260,7 @@ def _stream(key: Ed25519PrivateKey, pub: bytes, n: int, node: str = "n1"
     tree = L.MerkleTree()
     out: list[bytes] = []
     for seq in range(n):
-        receipt = {"seq": seq, "node_id": node, "x": "r" * seq}
+        receipt = _receipt(key, pub, seq, node, x="r" * seq)
         index = tree.append(L.leaf_data(receipt))
         out.append(L.leaf_record(index, receipt))
         body = L.checkpoint_body(L.origin(node), len(tree), tree.root())
@@ -262,13 +273,13 @@ def test_audit_clean_and_tampered() -> None:
     values = _stream(key, pub, 6)
     a = L.audit(values, "n1", pub)
     assert a.ok and len(a.tree) == 6 and a.latest is not None and a.latest.size == 6
-    assert a.pending == 0 and a.find({"seq": 3, "node_id": "n1", "x": "rrr"}) == 3
+    assert a.pending == 0 and a.find(_receipt(key, pub, 3, x="rrr")) == 3
     # a leaf dropped: a gap
     kinds = {k for k, _ in L.audit(values[:4] + values[6:], "n1", pub).problems}
     assert "gap" in kinds
     # a leaf changed after its checkpoint: a fork
     forged = list(values)
-    forged[2] = (2, L.leaf_record(1, {"seq": 1, "node_id": "n1", "x": "forged"}))
+    forged[2] = (2, L.leaf_record(1, _receipt(key, pub, 1, x="forged")))
     assert "fork" in {k for k, _ in L.audit(forged, "n1", pub).problems}
     # an old checkpoint replayed at the end: truncation
     replay = [*values, (99, values[3][1])]
@@ -310,7 +321,7 @@ def test_a_rotated_node_audits_clean_with_all_its_keys() -> None:
     values: list[bytes] = []
     for key, pub, seqs in ((old, old_pub, range(3)), (new, new_pub, range(2))):
         for seq in seqs:
-            receipt = {"seq": seq, "node_id": "n1", "public_key": pub.hex()}
+            receipt = _receipt(key, pub, seq)
             values.append(L.leaf_record(tree.append(L.leaf_data(receipt)), receipt))
             body = L.checkpoint_body(L.origin("n1"), len(tree), tree.root())
             values.append(L.checkpoint_record(L.sign_note(body, L.origin("n1"), key.sign, pub)))
@@ -318,8 +329,87 @@ def test_a_rotated_node_audits_clean_with_all_its_keys() -> None:
     assert L.audit(stream, "n1", [old_pub, new_pub]).ok
     # with the new key alone the old checkpoints are unsigned as far as the verifier knows
     only_new = L.audit(stream, "n1", new_pub)
-    assert {k for k, _ in only_new.problems} == {"signature"}
+    # and the old key's leaves are foreign
+    assert {k for k, _ in only_new.problems} == {"signature", "foreign"}
+    assert only_new.foreign == [0, 1, 2]
     # seq 0 twice under one key is still a fork
-    dup = {"seq": 0, "node_id": "n1", "public_key": new_pub.hex(), "x": 1}
+    dup = _receipt(new, new_pub, 0, x=1)
     forked = [*stream, (99, L.leaf_record(len(tree), dup))]
     assert "fork" in {k for k, _ in L.audit(forked, "n1", [old_pub, new_pub]).problems}
+
+
+# ------------------------------------------------------------------------------ issue 31
+def _stranger() -> tuple[Ed25519PrivateKey, bytes]:
+    key = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+    return key, key.public_key().public_bytes(serialization.Encoding.Raw,
+                                              serialization.PublicFormat.Raw)
+
+
+def test_a_foreign_leaf_is_found_even_under_a_genuine_checkpoint() -> None:
+    # weakness 1: anyone who may write sys.ledger.<node> appends a leaf signed by another key;
+    # the genuine node then (before the fix) checkpointed over it with its own key
+    key, pub = _key()
+    thief, thief_pub = _stranger()
+    values = [v for _, v in _stream(key, pub, 2)]
+    tree = L.MerkleTree([L.leaf_hash(L.leaf_data(_receipt(key, pub, s, x="r" * s)))
+                         for s in range(2)])
+    foreign = _receipt(thief, thief_pub, 7, x="forged")
+    values.append(L.leaf_record(tree.append(L.leaf_data(foreign)), foreign))
+    body = L.checkpoint_body(L.origin("n1"), len(tree), tree.root())
+    values.append(L.checkpoint_record(L.sign_note(body, L.origin("n1"), key.sign, pub)))
+    a = L.audit(list(enumerate(values)), "n1", pub)
+    assert a.foreign == [2]
+    messages = [m for k, m in a.problems if k == "foreign"]
+    assert len(messages) == 2 and "not a key of node 'n1'" in messages[0]
+    assert "covers foreign leaves [2]" in messages[1]
+    # its receipt chain is not counted as the node's (no seq gap 2..6 reported)
+    assert not [m for k, m in a.problems if k == "gap"]
+    assert a.checkpointed_before(2, 10**18) is None
+    # other foreign shapes: another node's name, a bad signature, no signature
+    for bad in (_receipt(key, pub, 2, "n2"), {**_receipt(key, pub, 2), "x": "changed"},
+                {"seq": 2, "node_id": "n1", "public_key": pub.hex()}):
+        assert L.leaf_problem(bad, "n1", pub) is not None
+    assert L.leaf_problem(_receipt(key, pub, 2), "n1", pub) is None
+
+
+def test_checkpoints_are_judged_by_their_append_time() -> None:
+    # weakness 2: the key that signed a checkpoint is judged by its history at the broker's
+    # append time of the checkpoint record (which the signer does not choose)
+    key, pub = _key()
+    stream = [(off, v, 1_000 * (off + 1)) for off, v in _stream(key, pub, 3)]
+    # the record at offset k is appended at 1000 (k + 1) us; the key is revoked from 3500 us:
+    # the checkpoint at offset 1 (2000 us) stands, those at offsets 3 and 5 are refused
+    def revoked_from_3500(k: bytes, at: int | None) -> str | None:
+        assert k == pub
+        return None if at is not None and at < 3_500 else "revoked from 3500 us"
+
+    a = L.audit(stream, "n1", pub, key_problem=revoked_from_3500)
+    assert [cp.size for cp in a.checkpoints] == [1]
+    assert a.checkpoint_times == [2_000]
+    sig = [m for k, m in a.problems if k == "signature"]
+    assert len(sig) == 2 and "appended at 4000 us: revoked from 3500 us" in sig[0]
+    # a leaf appended after the revocation is foreign (leaf 2, 5000 us; leaf 1, 3000 us, is not)
+    assert a.foreign == [2]
+    # a receipt checkpointed before the revocation stays provably logged before it
+    assert a.checkpointed_before(0, 3_500) == (a.checkpoints[0], 2_000)
+    assert a.checkpointed_before(1, 3_500) is None  # its checkpoint came after
+    # with no append time a key with a problem is not trusted at all
+    undated = L.audit(_stream(key, pub, 1), "n1", pub, key_problem=revoked_from_3500)
+    assert undated.checkpoints == [] and undated.foreign == [0]
+
+
+def test_ledger_records_are_strict() -> None:
+    # issue 31's guess: extra fields and non-canonical bytes are malformed (a verifier must not
+    # read a record the writer would never write)
+    key, pub = _key()
+    leaf = L.leaf_record(0, _receipt(key, pub, 0))
+    assert L.parse_record(leaf)["type"] == "leaf"
+    rec = json.loads(leaf)
+    for bad in (json.dumps(rec).encode(),  # whitespace
+                L._canonical({**rec, "extra": 1}),
+                json.dumps(rec, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=True).replace("leaf", "le\\u0061f").encode()):
+        with pytest.raises(L.LedgerError):
+            L.parse_record(bad)
+    kinds = {k for k, _ in L.audit([(0, json.dumps(rec).encode())], "n1", pub).problems}
+    assert kinds == {"malformed"}

@@ -265,9 +265,10 @@ def test_the_vectors_are_small_and_all_there() -> None:
     names = {p.name for p in VEC.iterdir()}
     assert {"README.md", "make.py", "keys.json", "artifact.json", "manifest.json", "chain.jsonl",
             "responses.jsonl", "facts.json", "negative.json", "primitives.json",
+            "trust.json", "make_trust.py",
             *(f"receipt-{i}.json" for i in range(N_RECEIPTS))} <= names
     data = sum(p.stat().st_size for p in VEC.iterdir() if p.suffix in (".json", ".jsonl"))
-    assert data < 200_000, data
+    assert data < 240_000, data  # trust.json (issue 31) added ~40 KB
 
 
 def test_the_secp256k1_vector_verifies_independently_and_in_the_project() -> None:

@@ -16,6 +16,7 @@ from workload_sdk import WorkloadLog, audit
 from workload_sdk._holder_metrics import HolderMetrics
 from workload_sdk._signature_tally import (
     SIGNATURE_FAILURE_REASONS,
+    ReadResponse,
     check_signatures,
     holder_written,
     latest_keys,
@@ -29,12 +30,12 @@ def log() -> WorkloadLog:
     return WorkloadLog.from_jsonl(GOLDEN / "asker_failover.jsonl")
 
 
-def _responses(log: WorkloadLog) -> list[tuple[int, ResponseRecord]]:
-    out = []
+def _responses(log: WorkloadLog) -> list[ReadResponse]:
+    out: list[ReadResponse] = []
     for rec in log["resp"]:
         record = decode(rec.value)
         if isinstance(record, ResponseRecord):
-            out.append((rec.offset, record))
+            out.append((rec.offset, record, rec.time_ms * 1000))
     return out
 
 
@@ -54,16 +55,16 @@ def test_the_golden_log_counts_as_fx_audit_does(log: WorkloadLog) -> None:
     assert [(f.offset, f.node_id, f.reason) for f in tally.failures] == [
         (3, "exec-1", "unsigned"), (9, "x", "unsigned")]
     assert tally.retry == []
-    (timeout,) = [r for _, r in responses if r.outcome == "timeout"]
+    (timeout,) = [r for _, r, _ in responses if r.outcome == "timeout"]
     assert holder_written(timeout, {"h2"}) and not holder_written(timeout, {"h1"})
     # a timeout by someone who holds no claim is not the holder's: an unsigned failure
-    other = check_signatures([(6, timeout)], log.facts, holder_ids={"h1"}, final=True)
+    other = check_signatures([(6, timeout, None)], log.facts, holder_ids={"h1"}, final=True)
     assert [f.reason for f in other.failures] == ["unsigned"]
 
 
 def test_an_altered_or_foreign_signature_is_retried_once_then_counted(log: WorkloadLog) -> None:
-    signed = [(o, r) for o, r in _responses(log) if r.signature is not None]
-    offset, good = signed[0]
+    signed = [item for item in _responses(log) if item[1].signature is not None]
+    offset, good, _ = signed[0]
     assert good.signature is not None
     altered = good.model_copy(update={"model_hash": "sha256:" + "00" * 32})
     stranger = signatures.SigningKey.generate()
@@ -74,10 +75,11 @@ def test_an_altered_or_foreign_signature_is_retried_once_then_counted(log: Workl
     # a stranger's signature naming the node's key id: it does not verify with that key
     posing = good.model_copy(update={"signature": own_key.model_copy(
         update={"key_id": good.signature.key_id})})
-    batch = [(offset, good), (20, altered), (21, by_stranger), (22, posing)]
+    batch: list[ReadResponse] = [(offset, good, None), (20, altered, None),
+                                 (21, by_stranger, None), (22, posing, None)]
     first = check_signatures(batch, log.facts, holder_ids=set(), final=False)
     assert first.checked == 1 and first.failures == []
-    assert [o for o, _ in first.retry] == [20, 21, 22]
+    assert [o for o, _, _ in first.retry] == [20, 21, 22]
     final = check_signatures(first.retry, log.facts, holder_ids=set(), final=True)
     assert final.checked == 3 and final.retry == []
     assert [(f.offset, f.effect_id, f.node_id, f.reason) for f in final.failures] == [
@@ -91,7 +93,7 @@ def test_an_altered_or_foreign_signature_is_retried_once_then_counted(log: Workl
     published = fact.model_copy(update={
         "public_key": signatures.public_key_text(stranger.public_key),
         "key_id": stranger.key_id})
-    later = check_signatures([(21, by_stranger)], [*log.facts, published], holder_ids=set(),
+    later = check_signatures([(21, by_stranger, None)], [*log.facts, published], holder_ids=set(),
                              final=True)
     assert later.checked == 1 and later.failures == []
 
@@ -101,7 +103,7 @@ def test_with_a_fleet_key_history_only_certified_keys_verify(log: WorkloadLog) -
     raw = signatures.public_key_from_text(fact.public_key)
     fleet = signatures.SigningKey.generate()
     history = build_history([(0, certify(fleet, "exec-1", raw))], [fleet.public_key])
-    signed = [(o, r) for o, r in _responses(log) if r.signature is not None]
+    signed = [item for item in _responses(log) if item[1].signature is not None]
     ok = check_signatures(signed, [], history, holder_ids=set(), final=True)
     assert ok.checked == 5 and ok.failures == []
     other = build_history([(0, certify(fleet, "someone-else", raw))], [fleet.public_key])
