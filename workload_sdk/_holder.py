@@ -76,7 +76,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Set
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import (
@@ -87,21 +87,18 @@ from aiokafka.errors import (
 )
 
 from broker_schema import (
-    AcceptedRecord,
     ClaimRecord,
-    DecodeError,
     EffectRequest,
     ResponseRecord,
     SkipAlarmRecord,
     SpecRecord,
     TickRecord,
-    decode,
     encode,
     record_hash,
     topics,
 )
 from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature
-from broker_schema.streams import STREAM_RECORDS, OutRecord, SourceRecord
+from broker_schema.streams import OutRecord
 from fx_kafka.client import broker_time_us, make_consumer, make_producer
 from fx_kafka.workload import (
     check_workload_topics,
@@ -118,6 +115,7 @@ from workload_sdk._core import (
 )
 from workload_sdk._holder_config import HOLDER_LOG as log
 from workload_sdk._holder_config import HolderConfig, HolderStats
+from workload_sdk._holder_intake import decode_item, spec_adoption
 from workload_sdk._holder_observer import MetricsObserver
 from workload_sdk._holder_refs import HolderRefs
 from workload_sdk._holder_rejects import TickRejects
@@ -129,7 +127,6 @@ from workload_sdk._holder_start import (
     RequestAt,
     Restarts,
     Unplaced,
-    adoptable_spec,
     check_restart,
     keep_epoch,
     latest_spec,
@@ -141,9 +138,9 @@ from workload_sdk._holder_start import (
     wait_for_placement,
 )
 from workload_sdk._holder_trim import PeriodicTrim
-from workload_sdk._holder_watch import ClaimWatch, holder_role
+from workload_sdk._holder_watch import ClaimWatch, readiness
 from workload_sdk._kafka_io import read_resume_log
-from workload_sdk._module_store import code_for, read_modules
+from workload_sdk._module_store import read_modules
 from workload_sdk._observe import PendingRequest
 from workload_sdk._round import alarms_for, merge_batch, outcomes_due, skip_alarms, tick_due
 from workload_sdk._signature_tally import ReadResponse
@@ -244,17 +241,10 @@ class LeaseHolder:
         holder_role`), else ``candidate`` (claiming, resuming, restarting from the log after
         a broker outage, or waiting for its claim to be confirmed); whether the broker answers;
         the epoch and the next merge seq."""
-        role = holder_role(merging=self.ready.is_set(), claimed_at=self.claimed_at,
-                           epoch=self.epoch, holder_id=self.config.holder_id,
-                           view=self.watch.view, now=self.watch.clock())
-        body = {"ready": role == "leader", "role": role, "broker": self.watch.broker_ok(),
-                "workload": self.config.workload_id, "holder_id": self.config.holder_id,
-                "epoch": self.epoch, "seq": None if self.core is None else self.core.seq}
-        if self.watch.error is not None:
-            body["broker_error"] = self.watch.error
-        if self.problem is not None:
-            body["problem"] = self.problem
-        return body
+        return readiness(self.watch, merging=self.ready.is_set(), claimed_at=self.claimed_at,
+                         epoch=self.epoch, holder_id=self.config.holder_id,
+                         workload_id=self.config.workload_id,
+                         seq=None if self.core is None else self.core.seq, problem=self.problem)
 
     # -- start-up ------------------------------------------------------------------------------
     async def _claim(self, rejoin: int | None = None, forced: list[str] | None = None) -> None:
@@ -541,24 +531,17 @@ class LeaseHolder:
         if order is not None:
             self._refs.orders.took(order, core.positions["in"])
             return
-        record, problem = adoptable_spec(offset, value, workload_id=cfg.workload_id,
-                                         spec=self.spec, seq=core.seq)
-        if problem is not None:
+        found = await spec_adoption(offset, value, code=self.code, bootstrap=cfg.bootstrap,
+                                    spec=self.spec, seq=core.seq, epoch=self.epoch,
+                                    holder_id=cfg.holder_id, holder_key=self._holder_key_text,
+                                    workload_id=cfg.workload_id)
+        if isinstance(found, str):
             self.stats.specs_refused += 1
             log.error("spec at %s@%d not adopted: %s", topics.spec(cfg.workload_id), offset,
-                      problem)
-        if record is None:
+                      found)
+        if not isinstance(found, tuple):
             return
-        problem = await code_for(self.code, cfg.bootstrap, record, core.seq)
-        if problem is not None:
-            self.stats.specs_refused += 1
-            log.error("spec at %s@%d not adopted: %s", topics.spec(cfg.workload_id), offset,
-                      problem)
-            return
-        adoption = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch,
-                               holder_id=cfg.holder_id, spec_hash=record_hash(record),
-                               spec_offset=offset, from_seq=core.seq,
-                               holder_key=self._holder_key_text)
+        record, adoption = found
         await self._write([(topics.claims(cfg.workload_id), encode(adoption))])
         self.spec, self._spec_offset = record, offset
         self.stats.specs_adopted += 1
@@ -566,27 +549,9 @@ class LeaseHolder:
                  offset, core.seq, record.models_at(core.seq), record.module_at(core.seq)[0])
 
     def _decode(self, source: str, msg: Any) -> Item | None:
-        assert self.core is not None
-        try:
-            record = decode(msg.value)
-        except DecodeError as exc:
-            log.warning("skipping undecodable record at %s@%d: %s", msg.topic, msg.offset, exc)
-            if source == "resp" and self.metrics is not None:
-                self.metrics.skipped(self.config.workload_id, "undecodable")
-            return None
-        if not isinstance(record, STREAM_RECORDS[source]):
-            log.warning("skipping a %s record on %s@%d", record.kind, msg.topic, msg.offset)
-            if source == "resp" and self.metrics is not None:
-                self.metrics.skipped(self.config.workload_id, "wrong_record")
-            return None
-        if source == "resp":
-            self._clock.observe(msg.timestamp)
-            if isinstance(record, TickRecord) and self._ticks.rejected(msg, record):
-                return None
-            if isinstance(record, AcceptedRecord):
-                self._accepted_by[record.effect_id] = record.node_id
-        return Item("in" if source == "in" else "resp", msg.offset, msg.timestamp,
-                    cast(SourceRecord, record))  # narrowed by STREAM_RECORDS above
+        return decode_item(source, msg, workload_id=self.config.workload_id,
+                           metrics=self.metrics, clock=self._clock, ticks=self._ticks,
+                           accepted_by=self._accepted_by)
 
     async def _merge_available(self, bufs: dict[str, deque[Item]]) -> None:
         """Merge what is buffered, one transaction per :func:`~workload_sdk._round.merge_batch`

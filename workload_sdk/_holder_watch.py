@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -36,8 +37,15 @@ from broker_schema.records import ClaimRecord
 from fx_kafka.client import make_consumer, read_partition
 from fx_kafka.retry import jittered_backoff_s
 
-__all__ = ["CONFIRM_TTL_S", "PROBE_S", "ClaimView", "ClaimWatch", "broker_answers",
-           "holder_role"]
+__all__ = [
+    "CONFIRM_TTL_S",
+    "PROBE_S",
+    "ClaimView",
+    "ClaimWatch",
+    "broker_answers",
+    "holder_role",
+    "readiness",
+]
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +150,21 @@ class ClaimWatch:
             if consumer is not None:
                 with contextlib.suppress(KafkaError, OSError, TimeoutError):
                     await asyncio.wait_for(consumer.stop(), READ_TIMEOUT_S)
+
+
+def readiness(watch: ClaimWatch, *, merging: bool, claimed_at: float | None, epoch: int,
+              holder_id: str, workload_id: str, seq: int | None,
+              problem: str | None) -> dict[str, Any]:
+    """The holder's ``/readyz`` body: ``ready`` while its role (:func:`holder_role`) is
+    ``leader``, the role, whether the broker answers (and why not), the epoch, the next merge
+    seq and a problem it stopped on."""
+    role = holder_role(merging=merging, claimed_at=claimed_at, epoch=epoch, holder_id=holder_id,
+                       view=watch.view, now=watch.clock())
+    body: dict[str, Any] = {"ready": role == "leader", "role": role,
+                            "broker": watch.broker_ok(), "workload": workload_id,
+                            "holder_id": holder_id, "epoch": epoch, "seq": seq}
+    if watch.error is not None:
+        body["broker_error"] = watch.error
+    if problem is not None:
+        body["problem"] = problem
+    return body
