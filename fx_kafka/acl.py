@@ -190,6 +190,9 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # device does not confirm a write: docs/actuation.md, "Alarms")
         out += _grant(ex, T, topics.ACTUATOR_PREFIX, PRE, R, W, D, C)
         out += _grant(ex, T, topics.ALARMS, LIT, W, D, C)
+        # the module store (workload code by hash): made at start with the other system topics;
+        # an executor never reads or writes it
+        out += _grant(ex, T, topics.MODULES, LIT, D, C)
         out += _grant(ex, G, f"{roles.actuator_group_prefix}.", PRE, R, D)
     if roles.operator:
         op = _user(roles.operator)

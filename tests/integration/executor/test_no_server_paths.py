@@ -23,8 +23,9 @@ async def test_no_openapi_and_no_server_path_in_an_answer(
 ) -> None:
     async with workload(kafka_bootstrap, "paths") as wl:
         await wl.setup({"magika": magika_hash})
+        # the filesystem store: the one whose errors could name a server path
         cfg = executor_config(kafka_bootstrap, wl.workload_id, tmp_path, store.root,
-                              http_port=0)
+                              http_port=0, chunk_backend="fs")
         async with running(cfg) as svc:
             missing = ChunkRef(hash=sha256_hex(b"never stored"), size=12)
             req = request(wl.workload_id, magika_hash, missing, index=0)
