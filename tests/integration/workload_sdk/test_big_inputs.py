@@ -128,8 +128,9 @@ async def test_a_filesystem_chunk_store_and_a_reference_put_by_fx_chunk_put(
     store = tmp_path / "chunks"
     data = os.urandom(300_000)
     (tmp_path / "in.bin").write_bytes(data)
+    # the spec names the filesystem store: a holder whose store is another refuses to start
     async with WorkloadHarness(kafka_bootstrap, wid, MODULE, effect_kinds=(),
-                               log_dir=tmp_path) as h:
+                               log_dir=tmp_path, chunk_store="fs") as h:
         fed = await asyncio.to_thread(_fx, "workload", "input", wid, "--file",
                                       str(tmp_path / "in.bin"), "--chunk-dir", str(store),
                                       "--bootstrap", kafka_bootstrap)
