@@ -258,6 +258,9 @@ async def test_a_slow_input_holds_only_its_own_request(
     (late,) = answers[slow.effect_id]
     assert late.error is not None and late.error.code == "input_missing", late.error
     assert "executor lease" in late.error.message
-    assert quick_s < 3.5 <= slow_s + 0.5, (quick_s, slow_s)
+    # the quick ones are answered while the slow read still holds; the slow one gives up within
+    # the 4 s lease, before the next (jittered) retry would pass it, so from about 2.5 s on
+    assert quick_s < 3.0 and quick_s < slow_s, (quick_s, slow_s)
+    assert slow_s >= 2.0, (quick_s, slow_s)
     assert slow_s < 15
     assert 'op="stream"' in metrics  # the over-long attempts were counted as retries
