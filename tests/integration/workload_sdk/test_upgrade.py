@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from broker_schema import INFERENCE_KIND, ClaimRecord, EffectRequest, SpecRecord, decode
+from broker_schema import (
+    INFERENCE_KIND,
+    ClaimRecord,
+    EffectRequest,
+    MergeEntry,
+    SpecRecord,
+    decode,
+)
 from fx_node.admission import ExecutorState
 from tests.integration.workload_sdk.test_holder import MODULE, _answer_new, _decisions
 from workload_sdk import replay
@@ -83,9 +91,20 @@ async def test_upgrade_at_an_offset_holds_across_a_failover_and_rolls_back_forwa
                                          if isinstance(c, ClaimRecord)}) >= 2,
                          timeout=60, what="the stand-by's claim")
         await feed(files[4:8], 8)
-        back_at = 24
-        rb = _fx(kafka_bootstrap, "rollback", wid, "--model", "filetype", "--at-step",
-                 str(back_at), "--force")
+        # just past where the run is now: how many answers and gate timeouts 8 files
+        # made varies with timing (a fixed step was once not reached), and the run goes on
+        # while the command reads it, so a step already passed is tried again further on
+        log = await h.read_log()
+        delivered = [e.seq for e in (decode(r.value) for r in log["merge"])
+                if isinstance(e, MergeEntry) and e.action == "deliver"]
+        back_at = max(delivered) + 2
+        for _ in range(10):
+            rb = _fx(kafka_bootstrap, "rollback", wid, "--model", "filetype", "--at-step",
+                     str(back_at), "--force")
+            passed_at = re.search(r"the workload's next step is (\d+)", rb.stderr)
+            if rb.returncode != 2 or passed_at is None:
+                break
+            back_at = int(passed_at.group(1)) + 1
         assert rb.returncode == 0, rb.stderr
         await feed(files[8:], 12)
         log = await h.read_log()
