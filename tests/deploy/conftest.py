@@ -49,8 +49,9 @@ def docker_engine() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def debian_base(docker_engine: str) -> str:
     """The tag of the local Debian base image, made with debootstrap when absent."""
+    env = {**os.environ, "DOCKER": docker_engine}
     run = subprocess.run(["bash", str(ROOT / "deploy/docker/base-image.sh"), BASE_IMAGE],
-                         capture_output=True, text=True, env={**os.environ, "DOCKER": docker_engine})
+                         capture_output=True, text=True, env=env)
     if run.returncode != 0:
         _unavailable(f"the Debian base image could not be made: {run.stderr.strip()[-800:]}")
     return BASE_IMAGE
