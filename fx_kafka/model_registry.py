@@ -98,13 +98,15 @@ async def resolve_refs(bootstrap: str, refs: Mapping[str, str]
                        ) -> tuple[dict[str, str], dict[str, ModelName]]:
     """Binding name -> reference (a hash, ``NAME@VERSION`` or ``NAME@ALIAS``) resolved now:
     ``(binding name -> hash, hash -> registry name)``. The registry is read only when a
-    reference is not a raw hash; :class:`RegistryError` (one line) on a mistake."""
+    reference names a model (has an ``@``); anything else is passed through as given, for the
+    caller's hash check (:mod:`workload_sdk._model_check` says what is wrong with a short
+    hash). :class:`RegistryError` (one line) on a naming mistake."""
     registry = None
     hashes: dict[str, str] = {}
     names: dict[str, ModelName] = {}
     for binding, ref in refs.items():
-        if ref.startswith(HASH_PREFIX):  # a raw hash (checked): no registry needed
-            hashes[binding] = resolve(fold_registry([]), ref).model_hash
+        if ref.startswith(HASH_PREFIX) or "@" not in ref:
+            hashes[binding] = ref  # a hash (or no name): the caller's hash check judges it
             continue
         if registry is None:
             registry = await read_registry(bootstrap)
