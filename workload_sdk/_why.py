@@ -158,8 +158,11 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             "spec": {"offset": spec_offset, "module_hash": spec.module_at(seq)[0],
                      "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq),
                      "binding_switch_at": switch,
-                     "model_names": {h: names[h] for h in spec.models_at(seq).values()
-                                     if h in names}},
+                     # the names the spec in force recorded (else a later spec's)
+                     "model_names": {h: (spec.model_names[h].text() if h in spec.model_names
+                                         else names[h])
+                                     for h in spec.models_at(seq).values()
+                                     if h in spec.model_names or h in names}},
         }
         module_switch = max((s.at_step for s in spec.module_switches if s.at_step <= seq),
                             default=None)
