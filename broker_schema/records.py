@@ -616,6 +616,24 @@ class SpecRecord(_Model):
                                     *(s.module_hash for s in self.module_switches)]))
 
 
+class LocalEngineBuild(_Model):
+    """The integer engine build a holder runs mode A on (``SpecRecord.local_models``): the
+    engine and its version, the backend, and the CPU's instruction set (the machine and the
+    SIMD extensions the float32 block dot products may use). Recorded in the holder's claim; a
+    holder whose build differs from the last claim's refuses to take over unless ``--force``
+    (recorded in ``ClaimRecord.forced``): docs/modes.md."""
+
+    engine: Annotated[str, Field(min_length=1, max_length=100)]
+    version: Annotated[str, Field(min_length=1, max_length=100)]
+    backend: Annotated[str, Field(min_length=1, max_length=100)]
+    #: ``<machine>:<extensions, sorted, comma-separated>``, e.g. ``x86_64:avx,avx2,fma``
+    isa: Annotated[str, Field(min_length=1, max_length=300)]
+
+    def text(self) -> str:
+        """``engine version backend isa``, one line."""
+        return f"{self.engine} {self.version} {self.backend} {self.isa}"
+
+
 class ClaimRecord(_Model):
     """A lease claim on ``wl.<id>.claims``: epochs only grow; executors refuse lower ones."""
 
@@ -645,6 +663,10 @@ class ClaimRecord(_Model):
     #: canonical bytes when None (claims written before the field existed: no check).
     holder_key: Annotated[str, Field(max_length=200)] | None = Field(
         default=None, exclude_if=lambda v: v is None)
+    #: Mode A: the integer engine build this holder runs the spec's ``local_models`` on
+    #: (:class:`LocalEngineBuild`). Left out of the canonical bytes when None (no mode A
+    #: models, or claims written before the field existed: no check).
+    local_engine: LocalEngineBuild | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class OutputRecord(_Model):
