@@ -47,3 +47,22 @@ def test_log_rows_show_the_recorded_name_beside_the_hash() -> None:
     plain = LogIndex()
     plain.add(request_row)
     assert plain.joined(request_row).model_name is None
+
+
+def test_a_shadow_definition_keeps_names_and_resumes_whatever_names_were_given() -> None:
+    import pytest
+
+    from broker_schema import ShadowEvalRecord
+    from workload_sdk._shadow_io import _same_definition
+
+    ev = ShadowEvalRecord(eval_id="e1", workload_id="w", models={"m": NEW}, mode="history",
+                          from_seq=0, to_seq=3, deadline_ms=1000, created_ms=1,
+                          created_by="ops", model_names={NEW: ModelName(name="g", version="2")})
+    assert ev.model_names[NEW].text() == "g@2"
+    # the same evaluation given by hash the second time: the same definition (names are for
+    # people), so it resumes
+    assert _same_definition(ev, ev.model_copy(update={"model_names": {}, "created_ms": 2}))
+    with pytest.raises(ValueError, match="does not bind"):
+        ShadowEvalRecord(eval_id="e1", workload_id="w", models={"m": NEW}, mode="history",
+                         from_seq=0, to_seq=3, deadline_ms=1000, created_ms=1, created_by="o",
+                         model_names={OLD: ModelName(name="g", version="1")})
