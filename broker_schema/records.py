@@ -1279,6 +1279,14 @@ class ModelRecord(_Model):
     licence: Annotated[str, Field(max_length=LICENCE_MAX_CHARS)] | None = None
     registered_by: NodeId
     registered_us: Micros
+    #: The operator's signature with a fleet key (``fx models register --fleet-key``) over
+    #: :meth:`signing_bytes`; a resolver given fleet keys (``FX_FLEET_PUBLIC_KEY``) takes only
+    #: records signed by one of them. Left out of the canonical bytes when None.
+    signature: Signature | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def signing_bytes(self) -> bytes:
+        """The canonical bytes with ``signature`` left out (what the fleet key signs)."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
 
 
 class ModelAliasRecord(_Model):
@@ -1293,6 +1301,14 @@ class ModelAliasRecord(_Model):
     version: ModelVersion
     set_by: NodeId
     set_us: Micros
+    #: The operator's signature with a fleet key (``fx models register --fleet-key``) over
+    #: :meth:`signing_bytes`; a resolver given fleet keys (``FX_FLEET_PUBLIC_KEY``) takes only
+    #: records signed by one of them. Left out of the canonical bytes when None.
+    signature: Signature | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def signing_bytes(self) -> bytes:
+        """The canonical bytes with ``signature`` left out (what the fleet key signs)."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
 
 
 Record = Annotated[

@@ -9,16 +9,19 @@ registry. Every mistake is a :class:`RegistryError` subclass with one line for t
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from broker_schema import signatures
 from broker_schema.canonical import HASH_PREFIX, is_hash
 from broker_schema.records import ModelAliasRecord, ModelName, ModelRecord
 
 __all__ = ["AmbiguousModel", "BadModelRef", "Registry", "RegistryError", "Resolved",
            "UnknownAlias", "UnknownModel", "UnknownVersion", "alias_problem", "fold_registry",
-           "parse_ref", "record_key", "register_problem", "resolve"]
+           "parse_ref", "record_key", "register_problem", "resolve", "signature_problem"]
 
 _REF_RE = re.compile(r"^([a-z0-9][a-z0-9._-]{0,99})[@]([A-Za-z0-9][A-Za-z0-9._+-]{0,63})$")
 _ALIAS_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
@@ -70,6 +73,8 @@ class Registry:
     #: ``name -> versions`` registered more than once with different hashes (never by
     #: ``fx models register``, which refuses; kept so :func:`resolve` refuses them)
     conflicts: dict[str, set[str]] = field(default_factory=dict)
+    #: records left out because fleet keys were given and they are not signed by one (why)
+    refused: list[str] = field(default_factory=list)
 
     def names_of(self, model_hash: str) -> list[str]:
         """Every ``name@version`` registered for ``model_hash``, sorted."""
@@ -93,7 +98,34 @@ def record_key(record: ModelRecord | ModelAliasRecord) -> bytes:
     return f"{record.name}#{record.alias}".encode()
 
 
-def fold_registry(records: Iterable[ModelRecord | ModelAliasRecord]) -> Registry:
+def signature_problem(record: ModelRecord | ModelAliasRecord,
+                      fleet_keys: Sequence[bytes]) -> str | None:
+    """Why ``record`` is not signed by one of ``fleet_keys`` (the operator's fleet key,
+    ``fx models register --fleet-key``), or None when it is."""
+    sig = record.signature
+    if sig is None:
+        return "unsigned"
+    by_id = {}
+    for k in fleet_keys:
+        try:
+            by_id[signatures.key_id(k)] = k
+        except ValueError:
+            continue
+    key = by_id.get(sig.key_id)
+    if key is None:
+        return f"signed by {sig.key_id}, which is not a fleet key given"
+    try:
+        value = base64.b64decode(sig.value, validate=True)
+    except (binascii.Error, ValueError):
+        return "the signature value is not base64"
+    if sig.alg != signatures.key_type(key) or not signatures.verify(key, value,
+                                                                    record.signing_bytes()):
+        return "the fleet signature does not verify"
+    return None
+
+
+def fold_registry(records: Iterable[ModelRecord | ModelAliasRecord],
+                  fleet_keys: Sequence[bytes] | None = None) -> Registry:
     """The registry after ``records`` in log order. A second record for a ``name@version``
     with another hash (a writer that skipped :func:`register_problem`) is remembered
     (:attr:`Registry.conflicts`) for :func:`resolve` to refuse as ambiguous. The aliases a
@@ -101,7 +133,13 @@ def fold_registry(records: Iterable[ModelRecord | ModelAliasRecord]) -> Registry
     versions: dict[str, dict[str, ModelRecord]] = {}
     aliases: dict[str, dict[str, str]] = {}
     conflicts: dict[str, set[str]] = {}
+    refused: list[str] = []
     for rec in records:
+        if fleet_keys:
+            problem = signature_problem(rec, fleet_keys)
+            if problem is not None:
+                refused.append(f"{record_key(rec).decode()}: {problem}")
+                continue
         if isinstance(rec, ModelRecord):
             known = versions.setdefault(rec.name, {})
             prior = known.get(rec.version)
@@ -112,7 +150,7 @@ def fold_registry(records: Iterable[ModelRecord | ModelAliasRecord]) -> Registry
                 aliases.setdefault(rec.name, {})[alias] = rec.version
         else:
             aliases.setdefault(rec.name, {})[rec.alias] = rec.version
-    return Registry(versions, aliases, conflicts)
+    return Registry(versions, aliases, conflicts, refused)
 
 
 def parse_ref(text: str) -> tuple[str, str]:

@@ -75,7 +75,7 @@ def _list(args: argparse.Namespace) -> int:
         from fx_kafka.client import bootstrap_of
         from fx_kafka.model_registry import print_registry
 
-        return print_registry(bootstrap_of(args.bootstrap), args.json)
+        return print_registry(bootstrap_of(args.bootstrap), args.json, args.fleet_key)
 
     store = ModelStore(_store_dir(args))
     rows: list[dict[str, Any]] = []
@@ -151,6 +151,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "licence, who registered it) instead of a store's files")
     lst.add_argument("--bootstrap", help="HOST:PORT for --registry (default: "
                      "$FX_KAFKA_BOOTSTRAP)")
+    lst.add_argument("--fleet-key", action="append", metavar="PUB",
+                     help="with --registry: count only records signed by this fleet key "
+                     "(repeatable; default $FX_FLEET_PUBLIC_KEY)")
     store_args(lst)
     lst.set_defaults(func=_list)
     from fx_kafka.model_registry import add_registry_commands

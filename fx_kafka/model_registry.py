@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import getpass
 import json
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from broker_schema import (
     DecodeError,
@@ -44,6 +46,8 @@ from fx_kafka.client import bootstrap_of, create_topics, make_consumer, make_pro
 from fx_kafka.security import ClientSecurity
 from fx_kafka.workload_log import read_topic
 
+_R = TypeVar("_R", ModelRecord, ModelAliasRecord)
+
 __all__ = ["add_registry_commands", "list_registry", "print_registry", "read_registry",
            "resolve_refs", "write_registry_record"]
 
@@ -59,9 +63,11 @@ def registrant() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-async def read_registry(bootstrap: str, *, timeout: float = 30.0) -> Registry:
+async def read_registry(bootstrap: str, *, timeout: float = 30.0,
+                        fleet_keys: Sequence[bytes] | None = None) -> Registry:
     """The registry as ``sys.models`` holds it now (empty when the topic does not exist);
-    records that do not decode are passed over."""
+    records that do not decode are passed over; given ``fleet_keys``, so are those not signed
+    by one of them (:attr:`Registry.refused`)."""
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
@@ -69,7 +75,7 @@ async def read_registry(bootstrap: str, *, timeout: float = 30.0) -> Registry:
     finally:
         await consumer.stop()
     if not present:
-        return fold_registry([])
+        return fold_registry([], fleet_keys)
     found: list[ModelRecord | ModelAliasRecord] = []
     for rec in await read_topic(bootstrap, topics.MODELS, timeout=timeout):
         try:
@@ -78,7 +84,23 @@ async def read_registry(bootstrap: str, *, timeout: float = 30.0) -> Registry:
             continue
         if isinstance(record, ModelRecord | ModelAliasRecord):
             found.append(record)
-    return fold_registry(found)
+    return fold_registry(found, fleet_keys)
+
+
+def _sign(record: _R, fleet_key: str | None) -> _R:
+    """``record`` signed with the fleet key in the PEM file ``fleet_key`` (None: unsigned)."""
+    if fleet_key is None:
+        return record
+    from broker_schema import Signature
+    from broker_schema.signatures import SigningKey
+
+    try:
+        key = SigningKey.from_pem(Path(fleet_key).read_bytes())
+    except OSError as exc:
+        raise ValueError(f"cannot read the fleet key {fleet_key}: {exc}") from None
+    value = base64.b64encode(key.sign(record.signing_bytes())).decode("ascii")
+    return record.model_copy(update={"signature": Signature(alg=key.key_type,
+                                                            key_id=key.key_id, value=value)})
 
 
 async def write_registry_record(bootstrap: str, record: ModelRecord | ModelAliasRecord) -> int:
@@ -100,8 +122,12 @@ async def resolve_refs(bootstrap: str, refs: Mapping[str, str]
     ``(binding name -> hash, hash -> registry name)``. The registry is read only when a
     reference names a model (has an ``@``); anything else is passed through as given, for the
     caller's hash check (:mod:`workload_sdk._model_check` says what is wrong with a short
-    hash). :class:`RegistryError` (one line) on a naming mistake."""
+    hash). With ``$FX_FLEET_PUBLIC_KEY`` set, only registry records signed by one of those
+    fleet keys count. :class:`RegistryError` (one line) on a naming mistake."""
+    from fx_kafka.keys import fleet_public_keys
+
     registry = None
+    fleet = fleet_public_keys(None)  # $FX_FLEET_PUBLIC_KEY: only records signed by one count
     hashes: dict[str, str] = {}
     names: dict[str, ModelName] = {}
     for binding, ref in refs.items():
@@ -109,7 +135,7 @@ async def resolve_refs(bootstrap: str, refs: Mapping[str, str]
             hashes[binding] = ref  # a hash (or no name): the caller's hash check judges it
             continue
         if registry is None:
-            registry = await read_registry(bootstrap)
+            registry = await read_registry(bootstrap, fleet_keys=fleet or None)
         got = resolve(registry, ref)
         hashes[binding] = got.model_hash
         if got.name is not None:
@@ -128,7 +154,8 @@ def list_registry(registry: Registry) -> list[dict[str, object]]:
             rows.append({"name": name, "version": version, "hash": rec.model_hash,
                          "aliases": sorted(a for a, v in aliases.items() if v == version),
                          "licence": rec.licence, "registered_by": rec.registered_by,
-                         "registered_us": rec.registered_us})
+                         "registered_us": rec.registered_us,
+                         "signed_by": None if rec.signature is None else rec.signature.key_id})
     return rows
 
 
@@ -155,9 +182,10 @@ def _register(args: argparse.Namespace) -> int:
         except (OSError, UnicodeDecodeError) as exc:
             return _fail("register", f"cannot read the licence file {args.licence_file}: {exc}")
     try:
-        record = ModelRecord(name=name, version=version, model_hash=args.hash,
-                             aliases=tuple(dict.fromkeys(args.alias or ())), licence=licence,
-                             registered_by=registrant(), registered_us=time.time_ns() // 1000)
+        record = _sign(ModelRecord(
+            name=name, version=version, model_hash=args.hash,
+            aliases=tuple(dict.fromkeys(args.alias or ())), licence=licence,
+            registered_by=registrant(), registered_us=time.time_ns() // 1000), args.fleet_key)
     except ValueError as exc:
         from fx_kafka.cli_errors import one_line
 
@@ -168,6 +196,7 @@ def _register(args: argparse.Namespace) -> int:
         return _fail("register", problem)
     offset = asyncio.run(write_registry_record(bootstrap, record))
     also = f" (aliases: {', '.join(record.aliases)})" if record.aliases else ""
+    also += f", signed by {record.signature.key_id}" if record.signature else ""
     print(f"registered {name}@{version} = {record.model_hash}{also} on "
           f"{topics.MODELS}@{offset}")
     return 0
@@ -175,8 +204,9 @@ def _register(args: argparse.Namespace) -> int:
 
 def _alias(args: argparse.Namespace) -> int:
     try:
-        record = ModelAliasRecord(name=args.name, alias=args.alias, version=args.version,
-                                  set_by=registrant(), set_us=time.time_ns() // 1000)
+        record = _sign(ModelAliasRecord(name=args.name, alias=args.alias, version=args.version,
+                                        set_by=registrant(), set_us=time.time_ns() // 1000),
+                       args.fleet_key)
     except ValueError as exc:
         from fx_kafka.cli_errors import one_line
 
@@ -195,9 +225,19 @@ def _alias(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_registry(bootstrap: str, as_json: bool) -> int:
-    """``fx models list --registry``: the registered names, versions, aliases and hashes."""
-    rows = list_registry(asyncio.run(read_registry(bootstrap)))
+def print_registry(bootstrap: str, as_json: bool, fleet_key: list[str] | None = None) -> int:
+    """``fx models list --registry``: the registered names, versions, aliases and hashes (with
+    ``fleet_key``: only those signed by one of them, the others said on stderr)."""
+    from fx_kafka.keys import fleet_public_keys
+
+    try:
+        fleet = fleet_public_keys(fleet_key)
+    except ValueError as exc:
+        return _fail("list", f"--fleet-key: {exc}")
+    registry = asyncio.run(read_registry(bootstrap, fleet_keys=fleet or None))
+    for why in registry.refused:
+        print(f"not counted: {why}", file=sys.stderr)
+    rows = list_registry(registry)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -206,7 +246,9 @@ def print_registry(bootstrap: str, as_json: bool) -> int:
     for r in rows:
         aliases = r["aliases"]
         tags = f"  [{', '.join(aliases)}]" if isinstance(aliases, list) and aliases else ""
-        print(f"{r['name']}@{r['version']:<12} {r['hash']}{tags}  by {r['registered_by']}")
+        signed = f", signed {str(r['signed_by'])[:19]}…" if r["signed_by"] else ", unsigned"
+        print(f"{r['name']}@{r['version']:<12} {r['hash']}{tags}  by {r['registered_by']}"
+              f"{signed}")
         if r["licence"]:
             first = str(r["licence"]).strip().splitlines()
             print(f"    licence: {first[0][:100] if first else ''}")
@@ -225,6 +267,9 @@ def add_registry_commands(models_sub: argparse._SubParsersAction[argparse.Argume
                      help="an alias naming this version from now on (prod, canary; repeatable)")
     reg.add_argument("--licence-file", "--license-file", dest="licence_file", metavar="FILE",
                      help="the licence notice kept with the model (UTF-8 text)")
+    reg.add_argument("--fleet-key", metavar="FILE", help="sign the record with this fleet key "
+                     "(PKCS#8 PEM, fx keys fleet-init); resolvers with $FX_FLEET_PUBLIC_KEY "
+                     "count only signed records")
     reg.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
     reg.set_defaults(func=_register)
     al = models_sub.add_parser("alias", help="point NAME@ALIAS at a registered version "
@@ -232,5 +277,6 @@ def add_registry_commands(models_sub: argparse._SubParsersAction[argparse.Argume
     al.add_argument("name", metavar="NAME")
     al.add_argument("alias", metavar="ALIAS")
     al.add_argument("version", metavar="VERSION")
+    al.add_argument("--fleet-key", metavar="FILE", help="sign the record with this fleet key")
     al.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
     al.set_defaults(func=_alias)

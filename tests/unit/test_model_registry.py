@@ -130,3 +130,36 @@ def test_names_on_a_spec_keep_old_bytes_and_must_name_bound_hashes() -> None:
     stray = {**record_dict(base), "model_names": {H2: {"name": "m", "version": "1"}}}
     with pytest.raises(DecodeError, match="does not bind"):
         decode(canonical_json(stray))
+
+
+def test_with_fleet_keys_only_records_signed_by_one_count() -> None:
+    import base64
+
+    from broker_schema import Signature
+    from broker_schema.registry import signature_problem
+    from broker_schema.signatures import SigningKey
+
+    fleet, other = SigningKey.generate(), SigningKey.generate()
+
+    def signed(rec: ModelRecord | ModelAliasRecord, key: SigningKey
+               ) -> ModelRecord | ModelAliasRecord:
+        value = base64.b64encode(key.sign(rec.signing_bytes())).decode()
+        return rec.model_copy(update={"signature": Signature(alg=key.key_type,
+                                                             key_id=key.key_id, value=value)})
+
+    good = signed(_model("m", "1", H1, "prod"), fleet)
+    forged = signed(_model("m", "2", H2), other)
+    moved = signed(_alias("m", "prod", "2"), other)
+    assert signature_problem(good, [fleet.public_key]) is None
+    assert "not a fleet key" in (signature_problem(forged, [fleet.public_key]) or "")
+    assert signature_problem(_model("m", "1", H1), [fleet.public_key]) == "unsigned"
+    tampered = good.model_copy(update={"model_hash": H3})
+    assert "does not verify" in (signature_problem(tampered, [fleet.public_key]) or "")
+    reg = fold_registry([good, forged, moved], [fleet.public_key])
+    assert resolve(reg, "m@prod").model_hash == H1  # the forged alias move is not counted
+    with pytest.raises(UnknownVersion):
+        resolve(reg, "m@2")
+    assert len(reg.refused) == 2 and reg.refused[0].startswith("m@2:")
+    assert resolve(fold_registry([good, forged, moved]), "m@prod").model_hash == H2
+    assert "signature" not in record_dict(_model("m", "1", H1))  # unsigned: the old bytes
+    assert decode(encode(good)) == good

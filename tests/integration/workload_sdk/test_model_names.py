@@ -147,3 +147,44 @@ async def test_names_resolve_at_write_time_and_show_beside_hashes(
     shown = _fx(kafka_bootstrap, "log", wid)
     assert shown.returncode == 0, shown.stderr
     assert f"{model}@1.0" in shown.stdout, shown.stdout
+
+
+def test_signed_registrations_and_a_resolver_that_counts_only_them(
+    kafka_bootstrap: str, unique_workload_id: str, tmp_path: Path
+) -> None:
+    model = f"signed-{uuid.uuid4().hex[:8]}"
+    key = tmp_path / "fleet.pem"
+    made = subprocess.run([sys.executable, "-m", "fx_cli.main", "keys", "fleet-init", "--out",
+                           str(key)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          check=False)
+    assert made.returncode == 0, made.stderr
+    public = json.loads(made.stdout[:made.stdout.index("}") + 1])["fleet_public_key"]
+    signed = _fx(kafka_bootstrap, "models", "register", f"{model}@1.0", OLD, "--alias", "prod",
+                 "--fleet-key", str(key))
+    assert signed.returncode == 0 and "signed by sha256:" in signed.stdout, signed.stderr
+    # an unsigned alias move (anyone who could write the topic, without the fleet key)
+    assert _fx(kafka_bootstrap, "models", "register", f"{model}@2.0", NEW).returncode == 0
+    assert _fx(kafka_bootstrap, "models", "alias", model, "prod", "2.0").returncode == 0
+    listed = _fx(kafka_bootstrap, "models", "list", "--registry", "--json", "--fleet-key",
+                 public)
+    mine = [r for r in json.loads(listed.stdout) if r["name"] == model]
+    assert [(r["version"], r["aliases"]) for r in mine] == [("1.0", ["prod"])]
+    assert mine[0]["signed_by"].startswith("sha256:")
+    assert f"not counted: {model}@2.0: unsigned" in listed.stderr
+    # a spec written with the fleet key trusted resolves prod through signed records only
+    wid = unique_workload_id
+    env = dict(__import__("os").environ, FX_FLEET_PUBLIC_KEY=public)
+    spec = subprocess.run([sys.executable, "-m", "fx_cli.main", "workload", "spec", wid,
+                           "--module", MODULE, "--kind", INFERENCE_KIND, "--model",
+                           f"filetype={model}@prod", "--force", "--bootstrap", kafka_bootstrap],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
+                          check=False)
+    assert spec.returncode == 0, spec.stderr
+    assert f"{model}@prod=1.0 = {OLD}" in spec.stdout
+    unsigned_only = subprocess.run(
+        [sys.executable, "-m", "fx_cli.main", "workload", "spec", wid, "--module", MODULE,
+         "--kind", INFERENCE_KIND, "--model", f"filetype={model}@2.0", "--force",
+         "--bootstrap", kafka_bootstrap], capture_output=True, text=True, cwd=ROOT,
+        timeout=120, env=env, check=False)
+    assert unsigned_only.returncode != 0 and "2.0" in unsigned_only.stderr
+    assert "Traceback" not in unsigned_only.stderr
