@@ -165,6 +165,15 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     return Row(*base, rec.kind, summary=f"a record that does not belong on {stream}")
 
 
+def named(row: Row, names: dict[str, str]) -> Row:
+    """``row`` with the registry name ``names`` (hash -> name, from the specs' ``model_names``)
+    holds for its model, if any (the console's timeline, which joins nothing else)."""
+    if row.model_name is not None:
+        return row
+    found = names.get(row.model_hash or "") or names.get(row.model or "")
+    return row if found is None else replace(row, model_name=found)
+
+
 @dataclass
 class LogIndex:
     """What rows of one stream need from the others, gathered as rows are added (in any order;

@@ -66,3 +66,15 @@ def test_a_shadow_definition_keeps_names_and_resumes_whatever_names_were_given()
         ShadowEvalRecord(eval_id="e1", workload_id="w", models={"m": NEW}, mode="history",
                          from_seq=0, to_seq=3, deadline_ms=1000, created_ms=1, created_by="o",
                          model_names={OLD: ModelName(name="g", version="1")})
+
+
+def test_the_console_names_rows_by_what_the_specs_recorded() -> None:
+    from workload_sdk.log_rows import named
+
+    header = EffectHeader(workload_id="w", input_offset=0, index=0, epoch=1)
+    req = EffectRequest(header=header, effect_kind=INFERENCE_KIND, model=OLD, params={},
+                        input=None, deadline_ms=1000)
+    row = row_of("out", 3, 2, encode(req))
+    names = dict(row_of("spec", 0, 1, encode(SPEC)).names)
+    assert named(row, names).model_name == "gate@prod=1"
+    assert named(row, {}).model_name is None
