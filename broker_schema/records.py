@@ -348,6 +348,39 @@ ClassName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length
 MODULE_SOURCE_MAX_CHARS = 512 * 1024
 
 
+#: A registered model's name (``fx models register NAME@VERSION``).
+ModelNameText = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=100)]
+#: A registered model's version (after the ``@``).
+ModelVersion = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$", max_length=64)]
+#: An alias of one version of a model (``prod``, ``canary``).
+ModelAlias = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=40)]
+#: Largest licence notice kept with a registered model.
+LICENCE_MAX_CHARS = 64 * 1024
+
+
+class ModelName(_Model):
+    """The registry name a hash was given by when a spec, upgrade, rollback or shadow was
+    written (``NAME@VERSION``, or ``NAME@ALIAS`` with ``alias`` set): resolved once, at write
+    time, and kept on the record beside the hash, so replay never resolves again. Only the
+    hash is ever compared; the name is for people."""
+
+    name: ModelNameText
+    version: ModelVersion
+    alias: ModelAlias | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def text(self) -> str:
+        """``name@version`` (``name@alias=version`` when it was named by an alias)."""
+        if self.alias is not None:
+            return f"{self.name}@{self.alias}={self.version}"
+        return f"{self.name}@{self.version}"
+
+
+def _names_cover(names: dict[str, ModelName], hashes: set[str], where: str) -> None:
+    stray = sorted(set(names) - hashes)
+    if stray:
+        raise ValueError(f"model_names names hashes {where} does not bind: {stray}")
+
+
 class ModuleSwitch(_Model):
     """Workload code that runs the steps from ``at_step`` on (``fx workload deploy``): the
     module's hash (:func:`workload_sdk.module_hash`; its source is a :class:`ModuleRecord` on
@@ -530,6 +563,12 @@ class SpecRecord(_Model):
     #: whose store is another refuses to start, naming both. Left out of the canonical bytes
     #: at its default, ``kafka``.
     chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
+    #: The registry names (``sys.models``) the operator gave for bound hashes, resolved when
+    #: the spec was written (``fx workload spec --model NAME=smollm2@prod``, ``fx upgrade``,
+    #: ``fx rollback``): hash -> :class:`ModelName`. For people (why, audit, the console,
+    #: ``fx log``); only the hash is compared. Left out of the canonical bytes when empty.
+    model_names: dict[Hash, ModelName] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                               max_length=256)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
@@ -542,7 +581,13 @@ class SpecRecord(_Model):
         unbound = sorted(set(self.guarantees) - set(self.effect_kinds))
         if unbound:
             raise ValueError(f"guarantees names kinds the spec does not bind: {unbound}")
+        _names_cover(self.model_names, self.bound_hashes(), "the spec")
         return self
+
+    def bound_hashes(self) -> set[str]:
+        """Every model hash the spec binds at some step (models, switches, local models)."""
+        return {*self.models.values(), *self.local_models.values(),
+                *(h for s in self.binding_switches for h in s.models.values())}
 
     def models_at(self, input_offset: int) -> dict[str, Hash]:
         """The model bindings in force for a step input at ``input_offset``."""
@@ -569,6 +614,24 @@ class SpecRecord(_Model):
         order, without repeats."""
         return tuple(dict.fromkeys([self.module_hash,
                                     *(s.module_hash for s in self.module_switches)]))
+
+
+class LocalEngineBuild(_Model):
+    """The integer engine build a holder runs mode A on (``SpecRecord.local_models``): the
+    engine and its version, the backend, and the CPU's instruction set (the machine and the
+    SIMD extensions the float32 block dot products may use). Recorded in the holder's claim; a
+    holder whose build differs from the last claim's refuses to take over unless ``--force``
+    (recorded in ``ClaimRecord.forced``): docs/modes.md."""
+
+    engine: Annotated[str, Field(min_length=1, max_length=100)]
+    version: Annotated[str, Field(min_length=1, max_length=100)]
+    backend: Annotated[str, Field(min_length=1, max_length=100)]
+    #: ``<machine>:<extensions, sorted, comma-separated>``, e.g. ``x86_64:avx,avx2,fma``
+    isa: Annotated[str, Field(min_length=1, max_length=300)]
+
+    def text(self) -> str:
+        """``engine version backend isa``, one line."""
+        return f"{self.engine} {self.version} {self.backend} {self.isa}"
 
 
 class ClaimRecord(_Model):
@@ -600,6 +663,10 @@ class ClaimRecord(_Model):
     #: canonical bytes when None (claims written before the field existed: no check).
     holder_key: Annotated[str, Field(max_length=200)] | None = Field(
         default=None, exclude_if=lambda v: v is None)
+    #: Mode A: the integer engine build this holder runs the spec's ``local_models`` on
+    #: (:class:`LocalEngineBuild`). Left out of the canonical bytes when None (no mode A
+    #: models, or claims written before the field existed: no check).
+    local_engine: LocalEngineBuild | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class OutputRecord(_Model):
@@ -944,9 +1011,15 @@ class ShadowEvalRecord(_Model):
     #: canonical bytes when None, as is ``workload_class``.
     module_hash: Hash | None = Field(default=None, exclude_if=lambda v: v is None)
     workload_class: ClassName | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: The registry names the rebound hashes were given by (``fx shadow --model
+    #: NAME=smollm2@canary``), as on :attr:`SpecRecord.model_names`. Left out of the canonical
+    #: bytes when empty.
+    model_names: dict[Hash, ModelName] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                               max_length=64)
 
     @model_validator(mode="after")
     def _check_mode(self) -> Self:
+        _names_cover(self.model_names, set(self.models.values()), "the evaluation")
         if not self.models and self.module_hash is None:
             raise ValueError("an evaluation rebinds a model or shadows a module (or both)")
         if (self.module_hash is None) != (self.workload_class is None):
@@ -1190,6 +1263,54 @@ class ModuleRecord(_Model):
         return self
 
 
+class ModelRecord(_Model):
+    """One version of a model in the registry ``sys.models`` (``fx models register
+    NAME@VERSION HASH``): its content hash, the aliases it was registered with, its licence
+    notice (the text its terms require to travel with it) and who registered it. A version is
+    registered once: the same ``name@version`` with another hash is refused
+    (:func:`broker_schema.registry.register_problem`). Keyed ``name@version`` (compacted)."""
+
+    kind: Literal["model"] = "model"
+    v: Literal[1] = SCHEMA_VERSION
+    name: ModelNameText
+    version: ModelVersion
+    model_hash: Hash
+    aliases: tuple[ModelAlias, ...] = Field(default=(), max_length=16)
+    licence: Annotated[str, Field(max_length=LICENCE_MAX_CHARS)] | None = None
+    registered_by: NodeId
+    registered_us: Micros
+    #: The operator's signature with a fleet key (``fx models register --fleet-key``) over
+    #: :meth:`signing_bytes`; a resolver given fleet keys (``FX_FLEET_PUBLIC_KEY``) takes only
+    #: records signed by one of them. Left out of the canonical bytes when None.
+    signature: Signature | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def signing_bytes(self) -> bytes:
+        """The canonical bytes with ``signature`` left out (what the fleet key signs)."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
+
+
+class ModelAliasRecord(_Model):
+    """An alias of a model moved to one of its versions (``fx models alias NAME ALIAS
+    VERSION``): from this record on, ``NAME@ALIAS`` resolves to that version's hash. Keyed
+    ``name#alias`` (compacted: the latest move is the one kept)."""
+
+    kind: Literal["model_alias"] = "model_alias"
+    v: Literal[1] = SCHEMA_VERSION
+    name: ModelNameText
+    alias: ModelAlias
+    version: ModelVersion
+    set_by: NodeId
+    set_us: Micros
+    #: The operator's signature with a fleet key (``fx models register --fleet-key``) over
+    #: :meth:`signing_bytes`; a resolver given fleet keys (``FX_FLEET_PUBLIC_KEY``) takes only
+    #: records signed by one of them. Left out of the canonical bytes when None.
+    signature: Signature | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def signing_bytes(self) -> bytes:
+        """The canonical bytes with ``signature`` left out (what the fleet key signs)."""
+        return canonical_json(self.model_copy(update={"signature": None}).model_dump(mode="json"))
+
+
 Record = Annotated[
     InputRecord
     | SpecRecord
@@ -1211,6 +1332,8 @@ Record = Annotated[
     | AlarmAckRecord
     | ActuatorMemoryRecord
     | ModuleRecord
+    | ModelRecord
+    | ModelAliasRecord
     | SkipOrderRecord
     | SkipAlarmRecord,
     Field(discriminator="kind"),

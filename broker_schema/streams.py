@@ -27,6 +27,8 @@ from broker_schema.records import (
     KeyCertRecord,
     KeyRevokeRecord,
     MergeEntry,
+    ModelAliasRecord,
+    ModelRecord,
     ModuleRecord,
     OutputRecord,
     RejectedRecord,
@@ -93,6 +95,7 @@ SYSTEM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     topics.KEYS: (KeyCertRecord, KeyRevokeRecord),
     topics.ALARMS: (AlarmRecord, AlarmAckRecord, SkipAlarmRecord),
     topics.MODULES: (ModuleRecord,),
+    topics.MODELS: (ModelRecord, ModelAliasRecord),
 }
 #: What each actuator gateway's memory topic (``sys.actuator.<node id>``) holds.
 ACTUATOR_RECORDS: tuple[type[BaseModel], ...] = (ActuatorMemoryRecord,)

@@ -18,6 +18,10 @@ KEYS = "sys.keys"
 ALARMS = "sys.alarms"
 #: The module store: workload code by content hash (``module``, compacted, keyed by the hash).
 MODULES = "sys.modules"
+#: The model registry: ``NAME@VERSION`` -> hash, aliases, licence notices (``model``,
+#: ``model_alias``; compacted, keyed by ``name@version`` and ``name#alias``). Written by the
+#: operator only (``fx models register``, ``fx models alias``).
+MODELS = "sys.models"
 #: Prefix of each actuator gateway's memory (``sys.actuator.<node id>``, compacted).
 ACTUATOR_PREFIX = "sys.actuator."
 #: Prefix of the per-node receipt ledgers (``sys.ledger.<node id>``, never compacted).

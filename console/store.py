@@ -17,6 +17,7 @@ from broker_schema import DecodeError, FactsRecord, decode, topics
 from console.views import Row, row_of
 from fx_kafka.client import make_consumer
 from fx_kafka.workload_log import LogRecord, TopicView, WorkloadLog, read_topic
+from workload_sdk.log_rows import named
 
 
 @dataclass
@@ -27,6 +28,8 @@ class CachedWorkload:
     rows: list[Row] = field(default_factory=list)
     read_at: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: model hash -> the registry name the specs read so far recorded (``model_names``)
+    model_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +125,11 @@ class Cluster:
                     new.append(row_of(stream, rec.offset, rec.time_ms, rec.value))
             have.end = max(have.end, view.end)
         if new:
+            learned = {h: n for r in new for h, n in r.names}
+            if learned:  # a spec naming models: every row may show them now
+                cached.model_names.update(learned)
+                cached.rows = [named(r, cached.model_names) for r in cached.rows]
+            new = [named(r, cached.model_names) for r in new]
             last = cached.rows[-1].order if cached.rows else None
             new.sort(key=lambda r: r.order)
             cached.rows.extend(new)

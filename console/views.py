@@ -328,7 +328,9 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
         main.append(Box(f"step{depth}", f"step seq {node['seq']}, epoch {node['epoch']}",
                         [f"merge .merge@{m['offset']}: {m['source']}@{m['source_offset']}"],
                         "step", href("merge", m["offset"])))
-        models = ", ".join(f"{k}={v[:19]}…" for k, v in sorted(s["models"].items())) or "none"
+        named = s.get("model_names") or {}
+        models = ", ".join(f"{k}={named[v] + ' ' if v in named else ''}{v[:19]}…"
+                           for k, v in sorted(s["models"].items())) or "none"
         side.append((len(main) - 1, Box(
             f"bind{depth}", f"binding: claim .claims@{c['offset']}",
             [f"holder {c['holder_id']}", f"spec .spec@{s['offset']} module "
@@ -352,7 +354,8 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
         r = node["response"]
         verdict, vcls = _sig_verdict(r["signature"])
         main.append(Box(f"resp{depth}", f"response .resp@{r['offset']}: {r['outcome']}",
-                        [f"model {r['model_hash'] or '-'}",
+                        ["model " + " ".join(filter(None, (r.get("model_name"),
+                                                           r["model_hash"] or "-"))),
                          f"written by {r['written_by']}",
                          (f"output {short(r['output'].get('data'), 50)}" if r["output"]
                           else f"error {short(r['error'], 50)}" if r["error"] else "no output")],

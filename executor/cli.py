@@ -71,6 +71,12 @@ def _list(args: argparse.Namespace) -> int:
     from executor.models import ModelStore
     from fx_node.errors import ModelError
 
+    if args.registry:  # the names on sys.models, not the files of a store
+        from fx_kafka.client import bootstrap_of
+        from fx_kafka.model_registry import print_registry
+
+        return print_registry(bootstrap_of(args.bootstrap), args.json, args.fleet_key)
+
     store = ModelStore(_store_dir(args))
     rows: list[dict[str, Any]] = []
     bad = 0
@@ -140,8 +146,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     imp.set_defaults(func=_import)
     lst = models_sub.add_parser("list", help="list stored models")
     lst.add_argument("--json", action="store_true")
+    lst.add_argument("--registry", action="store_true",
+                     help="list the registered names (sys.models: NAME@VERSION, aliases, hash, "
+                     "licence, who registered it) instead of a store's files")
+    lst.add_argument("--bootstrap", help="HOST:PORT for --registry (default: "
+                     "$FX_KAFKA_BOOTSTRAP)")
+    lst.add_argument("--fleet-key", action="append", metavar="PUB",
+                     help="with --registry: count only records signed by this fleet key "
+                     "(repeatable; default $FX_FLEET_PUBLIC_KEY)")
     store_args(lst)
     lst.set_defaults(func=_list)
+    from fx_kafka.model_registry import add_registry_commands
+
+    add_registry_commands(models_sub)
     ver = models_sub.add_parser("verify", help="re-hash every stored model (exit 1 if any fails)")
     store_args(ver)
     ver.set_defaults(func=_verify)

@@ -203,6 +203,10 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(op, T, topics.ALARMS, LIT, W)
         # the module store: fx workload deploy (code the holders will run)
         out += _grant(op, T, topics.MODULES, LIT, W, C)
+        # the model registry: fx models register / alias (names the specs resolve); nobody
+        # else writes it, and nothing but the operator's commands reads it (a record carries
+        # the hash a name resolved to, so no service needs the registry)
+        out += _grant(op, T, topics.MODELS, LIT, W, C)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
         # the node key history, for its signature checks with a fleet key (read only)

@@ -207,6 +207,21 @@ class WorkloadLog:
                          "the claim names a record that is not a spec")
         return claim.spec_offset, spec, claim
 
+    def model_names(self) -> dict[str, str]:
+        """Model hash -> the registry name (``name@version``, ``name@alias=version``) the specs
+        on ``.spec`` recorded for it when they were written (``SpecRecord.model_names``; a later
+        spec's name wins). Never the registry read now: names are resolved at write time."""
+        names: dict[str, str] = {}
+        view = self.views["spec"]
+        for rec in view:
+            try:
+                spec = rec.decode(view.topic)
+            except LogGap:  # an undecodable record names nothing
+                continue
+            if isinstance(spec, SpecRecord):
+                names.update({h: n.text() for h, n in spec.model_names.items()})
+        return names
+
     # -- JSONL ---------------------------------------------------------------------------------
     def to_jsonl(self, path: Path) -> None:
         """Write the log as JSONL (sorted by stream, then offset)."""

@@ -221,6 +221,9 @@ class AuditReport:
     module_hash: str | None = None
     key_history: bool = False
     notes: list[str] = field(default_factory=list)
+    #: model hash -> the registry name its spec recorded when written (``fx models``), for
+    #: people reading hashes in the report; never resolved again
+    model_names: dict[str, str] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> InvariantResult:
         for inv in self.invariants:
@@ -254,7 +257,7 @@ class AuditReport:
                 "violated": self.failed,
                 "skipped": [i.name for i in self.invariants if i.status == "skipped"],
                 "invariants": [inv.as_dict() for inv in self.invariants],
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "model_names": dict(self.model_names)}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -948,7 +951,7 @@ def audit(log: WorkloadLog, workload: Workload | None = None, *,
     _file_doubles(log, doubles, computed, invs["out_once"])
     report = AuditReport(workload_id=log.workload_id, invariants=list(invs.values()),
                          module_hash=None if workload is None else module_hash(workload),
-                         key_history=key_history is not None)
+                         key_history=key_history is not None, model_names=log.model_names())
     if code is not None:
         _note_code(log, claims, report)
     elif workload is not None:
@@ -1009,6 +1012,8 @@ def render_report(report: AuditReport) -> str:
     lines = [f"fx audit {report.workload_id}: {head}"]
     if report.module_hash is not None:
         lines.append(f"replayed with module {report.module_hash}")
+    for model_hash, name in sorted(report.model_names.items(), key=lambda kv: kv[1]):
+        lines.append(f"model {name} = {model_hash} (named on the spec when written)")
     lines.append(f"  {'invariant'.ljust(width)}  {'result':9} {'violations':>10}  checked")
     for inv in report.invariants:
         status = {"ok": "ok", "violated": "VIOLATED", "gap": "GAP", "skipped": "skipped"}[

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from broker_schema import (
     BindingSwitch,
     DecodeError,
     MergeEntry,
+    ModelName,
     SpecRecord,
     decode,
     encode,
@@ -32,7 +34,7 @@ from fx_kafka.workloads import needs_workload
 from workload_sdk._holder_start import NoSpec, latest_spec
 
 __all__ = ["BindingChangeError", "Change", "plan_rollback", "plan_upgrade", "register",
-           "write_change"]
+           "with_names", "write_change"]
 
 
 class BindingChangeError(ValueError):
@@ -143,13 +145,37 @@ def _bootstrap(args: argparse.Namespace) -> str:
     return bootstrap_of(args.bootstrap)
 
 
-def _run_change(args: argparse.Namespace, plan: object) -> int:
+def with_names(change: Change, names: Mapping[str, ModelName]) -> Change:
+    """``change`` with the registry names its hashes were given by on its spec
+    (``SpecRecord.model_names``; the names of earlier bindings kept). Pure."""
+    if not names:
+        return change
+    merged = {**change.spec.model_names, **names}
+    return replace(change, spec=change.spec.model_copy(update={"model_names": merged}))
+
+
+def _label(spec: SpecRecord, model_hash: str | None) -> str:
+    named = spec.model_names.get(model_hash) if model_hash else None
+    return f"{named.text()} ({model_hash})" if named else str(model_hash)
+
+
+def _resolve(args: argparse.Namespace, ref: str) -> tuple[str, dict[str, ModelName]]:
+    """A ``--model``/``--to`` value resolved now (hash, or ``NAME@VERSION``/``NAME@ALIAS``
+    through ``sys.models``): the hash and its name; ``RegistryError`` (one line) otherwise."""
+    from fx_kafka.model_registry import resolve_refs
+
+    hashes, names = asyncio.run(resolve_refs(_bootstrap(args), {"": ref}))
+    return hashes[""], names
+
+
+def _run_change(args: argparse.Namespace, plan: object,
+                names: Mapping[str, ModelName] | None = None) -> int:
     from workload_sdk._model_check import check_spec_models
 
     name = f"fx {args.command}"
     try:
         _, spec, next_seq = asyncio.run(current_state(_bootstrap(args), args.id))
-        change = plan(spec, next_seq)  # type: ignore[operator]
+        change = with_names(plan(spec, next_seq), names or {})  # type: ignore[operator]
         unchecked = asyncio.run(check_spec_models(
             _bootstrap(args), {"--model": {change.name: change.new_hash}}, force=args.force))
     except (BindingChangeError, ValueError) as exc:
@@ -160,27 +186,47 @@ def _run_change(args: argparse.Namespace, plan: object) -> int:
         change = replace(change, spec=change.spec.model_copy(
             update={"unchecked_models": recorded}))
     offset = asyncio.run(write_change(_bootstrap(args), args.id, change))
-    print(f"{name}: {change.name} {change.old_hash} -> {change.new_hash} from step "
+    print(f"{name}: {change.name} {_label(change.spec, change.old_hash)} -> "
+          f"{_label(change.spec, change.new_hash)} from step "
           f"{change.at_offset}: spec written to {topics.spec(args.id)}@{offset} (the next step "
           f"was {next_seq}); the running holder adopts it from its next step, or says why not")
     return 0
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    name, sep, new_hash = args.model.partition("=")
+    from broker_schema.registry import RegistryError
+
+    name, sep, ref = args.model.partition("=")
+    try:
+        new_hash, names = _resolve(args, ref) if sep else (ref, {})
+    except RegistryError as exc:
+        print(f"fx upgrade: --model {args.model}: {exc}", file=sys.stderr)
+        return 2
     if not sep or not is_hash(new_hash):
-        print(f"fx upgrade: --model takes NAME=sha256:HEX, got {args.model!r}", file=sys.stderr)
+        print(f"fx upgrade: --model takes NAME=sha256:HEX or NAME=MODEL@VERSION|ALIAS, got "
+              f"{args.model!r}", file=sys.stderr)
         return 2
     return _run_change(args, lambda spec, nxt: plan_upgrade(spec, name, new_hash,
-                                                            args.at_offset, nxt))
+                                                            args.at_offset, nxt), names)
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    if args.to is not None and not is_hash(args.to):
-        print(f"fx rollback: --to takes sha256:HEX, got {args.to!r}", file=sys.stderr)
+    from broker_schema.registry import RegistryError
+
+    to: str | None = args.to
+    names: dict[str, ModelName] = {}
+    try:
+        if to is not None:
+            to, names = _resolve(args, to)
+    except RegistryError as exc:
+        print(f"fx rollback: --to {args.to}: {exc}", file=sys.stderr)
+        return 2
+    if to is not None and not is_hash(to):
+        print(f"fx rollback: --to takes sha256:HEX or MODEL@VERSION|ALIAS, got {args.to!r}",
+              file=sys.stderr)
         return 2
     return _run_change(args, lambda spec, nxt: plan_rollback(spec, args.model, args.at_offset,
-                                                             nxt, args.to))
+                                                             nxt, to), names)
 
 
 class _OldAtOffset(argparse.Action):
@@ -216,7 +262,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up = subparsers.add_parser("upgrade", help="bind a model name to a new hash from a step "
                                "on (a new spec; the running holder adopts it)")
     up.add_argument("id", help="workload id")
-    up.add_argument("--model", required=True, metavar="NAME=HASH")
+    up.add_argument("--model", required=True, metavar="NAME=HASH",
+                    help="NAME=sha256:HEX, or NAME=MODEL@VERSION / NAME=MODEL@ALIAS from the "
+                    "registry (resolved now; the spec records the name beside the hash)")
     _at_step_arg(up)
     _force_arg(up)
     up.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
@@ -227,7 +275,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rb.add_argument("--model", required=True, metavar="NAME")
     _at_step_arg(rb)
     _force_arg(rb)
-    rb.add_argument("--to", metavar="HASH", help="bind to this hash (default: the one before "
-                    "the latest change of NAME)")
+    rb.add_argument("--to", metavar="HASH", help="bind to this hash, or MODEL@VERSION / "
+                    "MODEL@ALIAS from the registry (default: the one before the latest change "
+                    "of NAME)")
     rb.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
     rb.set_defaults(func=needs_workload(_rollback, exit_code=2))

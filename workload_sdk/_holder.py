@@ -128,6 +128,7 @@ from workload_sdk._holder_start import (
     Restarts,
     Unplaced,
     check_restart,
+    claim_engine,
     keep_epoch,
     latest_spec,
     read_claims,
@@ -278,7 +279,8 @@ class LeaseHolder:
         self._ticks.epoch_holders[epoch] = cfg.holder_id
         claim = ClaimRecord(workload_id=cfg.workload_id, epoch=self.epoch, holder_id=cfg.holder_id,
                             spec_hash=record_hash(self.spec), spec_offset=spec_offset,
-                            forced=tuple(forced or ()), holder_key=self._holder_key_text)
+                            forced=tuple(forced or ()), holder_key=self._holder_key_text,
+                            local_engine=claim_engine(self.spec))
         await self._write([(topics.claims(cfg.workload_id), encode(claim))])
         self.claimed_at = time.monotonic()
         log.info("claimed %s at epoch %d (spec offset %d)", cfg.workload_id, self.epoch,

@@ -20,6 +20,7 @@ from broker_schema import (
     ClaimRecord,
     DecodeError,
     EffectRequest,
+    LocalEngineBuild,
     ResponseRecord,
     SpecRecord,
     decode,
@@ -40,6 +41,7 @@ __all__ = [
     "FENCE_SETTLE_S",
     "MAX_FENCES_IN_A_ROW",
     "ChunkStoreMismatch",
+    "EngineBuildMismatch",
     "Fenced",
     "NoSpec",
     "Replaced",
@@ -49,7 +51,9 @@ __all__ = [
     "Unplaced",
     "adoptable_spec",
     "check_restart",
+    "claim_engine",
     "claims_of",
+    "engine_build_check",
     "highest_claim",
     "keep_epoch",
     "latest_spec",
@@ -81,6 +85,11 @@ class Unplaced(NoSpec):
     def __init__(self, message: str, missing: list[str]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class EngineBuildMismatch(NoSpec):
+    """Mode A: this holder's integer engine build is not the one the last claim recorded
+    (:mod:`workload_sdk._local_build`), and ``--force`` was not given."""
 
 
 class ChunkStoreMismatch(NoSpec):
@@ -332,6 +341,50 @@ async def wait_for_placement(cfg: HolderConfig, spec: SpecRecord) -> list[str]:
     says: :class:`ChunkStoreMismatch` when this holder's chunk store, or that of every live node
     serving one of the spec's kinds, is not the spec's ``chunk_store``
     (:func:`chunk_store_problem`)."""
+    engine = await engine_build_check(cfg, spec)
+    missing = await _wait_placed(cfg, spec)
+    return [*missing, *engine]
+
+
+async def engine_build_check(cfg: HolderConfig, spec: SpecRecord) -> list[str]:
+    """Mode A: refuse (:class:`EngineBuildMismatch`) to take over ``spec``'s workload on
+    another integer engine build than the last claim recorded, unless ``force_placement``
+    (``--force``); then the change, to record in the claim's ``forced``. Nothing to check
+    without mode A models."""
+    if not spec.local_models:
+        return []
+    from workload_sdk._local_build import (
+        engine_build_change,
+        forced_note,
+        last_engine_build,
+        this_engine_build,
+    )
+
+    change = engine_build_change(
+        spec, last_engine_build(await read_claims(cfg.bootstrap, cfg.workload_id)),
+        this_engine_build())
+    if change is None:
+        return []
+    if not cfg.force_placement:
+        raise EngineBuildMismatch(
+            f"not claiming {cfg.workload_id}: its mode A models last ran on another integer "
+            f"engine build ({change}); --force takes over anyway and records it in the claim")
+    log.warning("%s: taking over on another engine build (%s): recorded in the claim",
+                cfg.workload_id, change)
+    return [forced_note(change)]
+
+
+def claim_engine(spec: SpecRecord) -> LocalEngineBuild | None:
+    """The engine build to record in a claim of ``spec``: this one when it binds mode A
+    models, else None (nothing runs in the step)."""
+    if not spec.local_models:
+        return None
+    from workload_sdk._local_build import this_engine_build
+
+    return this_engine_build()
+
+
+async def _wait_placed(cfg: HolderConfig, spec: SpecRecord) -> list[str]:
     loop = asyncio.get_running_loop()
     give_up = None if cfg.placement_wait_s is None else loop.time() + cfg.placement_wait_s
     said: list[str] | None = None

@@ -237,7 +237,7 @@ def _cut(text: str, width: int) -> str:
 def render_row(row: Row, workload_id: str) -> str:
     """One line of ``fx log``'s table (``why``: the offset to give ``fx why ID --output``; an
     effect id without the workload's own ``ID/`` in front)."""
-    model = row.model or row.model_hash or ""
+    model = row.model_name or row.model or row.model_hash or ""  # the name, where recorded
     effect = row.effect_id or ""
     effect = effect.removeprefix(f"{workload_id}/")
     cells = (_time(row.time_ms), f".{row.stream}@{row.offset}", row.kind, row.outcome,

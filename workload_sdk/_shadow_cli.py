@@ -56,7 +56,8 @@ def _models(values: list[str] | None) -> dict[str, str]:
     for item in values or []:
         name, sep, h = item.partition("=")
         if not sep or not name or not h:
-            raise ValueError(f"--model takes NAME=sha256:HEX, got {item!r}")
+            raise ValueError(f"--model takes NAME=sha256:HEX or NAME=MODEL@VERSION|ALIAS, got "
+                             f"{item!r}")
         if name in out:
             raise ValueError(f"--model {name} given twice")
         out[name] = h
@@ -118,21 +119,24 @@ def _shadow(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return EXIT_NOT_REPRODUCED
             return 0
-        rebind = _models(args.model)
+        from fx_kafka.model_registry import resolve_refs
+
+        rebind, names = asyncio.run(resolve_refs(bootstrap, _models(args.model)))
         if args.live:
             if args.window is None:
                 raise ValueError("--live needs --window DURATION")
             if args.from_seq is not None or args.to_seq is not None:
                 raise ValueError("--from/--to are for history; --live shadows what comes next")
             report, record = asyncio.run(run_live(
-                bootstrap, workload, targets[0], rebind, window_s=parse_duration(args.window),
+                bootstrap, workload, targets[0], rebind, names=names,
+                window_s=parse_duration(args.window),
                 eval_id=args.eval_id, deadline_ms=args.deadline_ms,
                 outstanding=args.outstanding, timeout_s=args.timeout_s, progress=_progress))
         else:
             if args.window is not None:
                 raise ValueError("--window is for --live")
             report, record = asyncio.run(run_history(
-                bootstrap, workload, targets[0], rebind, from_seq=args.from_seq,
+                bootstrap, workload, targets[0], rebind, names=names, from_seq=args.from_seq,
                 to_seq=args.to_seq, eval_id=args.eval_id, deadline_ms=args.deadline_ms,
                 outstanding=args.outstanding, timeout_s=args.timeout_s, progress=_progress))
     except (ShadowError, ModuleUnavailable, ValueError, ImportError, AttributeError,
@@ -188,7 +192,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "--model); the steps before run the code recorded for them (the module "
                    "store). show without it prints the recorded summary")
     p.add_argument("--model", action="append", metavar="NAME=HASH",
-                   help="rebind a model name for the evaluation (repeatable)")
+                   help="rebind a model name for the evaluation (repeatable); HASH may be "
+                   "MODEL@VERSION or MODEL@ALIAS from the registry (resolved now, recorded "
+                   "with its name)")
     p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ",
                    help="first step (default 0)")
     p.add_argument("--to", dest="to_seq", type=int, metavar="SEQ",

@@ -27,6 +27,7 @@ from broker_schema import (
     DecodeError,
     EffectRequest,
     MergeEntry,
+    ModelName,
     ResponseRecord,
     ShadowEvalRecord,
     ShadowReportRecord,
@@ -200,7 +201,7 @@ async def _read_eval(bootstrap: str, wid: str, eval_id: str
 
 
 def _same_definition(a: ShadowEvalRecord, b: ShadowEvalRecord) -> bool:
-    keep = {"created_ms", "created_by"}
+    keep = {"created_ms", "created_by", "model_names"}  # names are for people
     return a.model_dump(exclude=keep) == b.model_dump(exclude=keep)
 
 
@@ -456,6 +457,7 @@ def _check_rebind(rebind: Mapping[str, str], module: tuple[str, str] | None = No
 
 
 async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapping[str, str], *,
+                      names: Mapping[str, ModelName] | None = None,
                       from_seq: int | None = None, to_seq: int | None = None,
                       eval_id: str | None = None, deadline_ms: int = 300_000,
                       outstanding: int = 32, timeout_s: float = 3600.0,
@@ -480,7 +482,8 @@ async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapp
         eval_id=eval_id or default_eval_id(rebind, f"{lo}-{hi}", change and change[0]),
         workload_id=wid, models=dict(rebind), mode="history", from_seq=lo, to_seq=hi,
         deadline_ms=deadline_ms, created_ms=int(time.time() * 1000), created_by=_who(),
-        module_hash=change and change[0], workload_class=change and change[1])
+        module_hash=change and change[0], workload_class=change and change[1],
+        model_names=dict(names or {}))
     code = await _code(bootstrap, workload, live, ev, hi)
     pairs = plan(live, ev)
     if not pairs and change is None:
@@ -501,6 +504,7 @@ async def run_history(bootstrap: str, workload: Workload, wid: str, rebind: Mapp
 
 
 async def run_live(bootstrap: str, workload: Workload, wid: str, rebind: Mapping[str, str], *,
+                   names: Mapping[str, ModelName] | None = None,
                    window_s: float, eval_id: str | None = None, deadline_ms: int = 300_000,
                    outstanding: int = 32, timeout_s: float = 3600.0,
                    progress: Progress = lambda _m: None
@@ -521,7 +525,7 @@ async def run_live(bootstrap: str, workload: Workload, wid: str, rebind: Mapping
         workload_id=wid, models=dict(rebind), mode="live", from_seq=start_seq,
         window_ms=int(window_s * 1000), deadline_ms=deadline_ms, created_ms=now,
         created_by=_who(), module_hash=change and change[0],
-        workload_class=change and change[1])
+        workload_class=change and change[1], model_names=dict(names or {}))
     code = await _code(bootstrap, workload, live, ev, None)
     await _check_models_held(bootstrap, rebind)
     ev = await _define(bootstrap, ev, progress)

@@ -138,6 +138,8 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
     by_seq, snaps = _deliveries(log)
     steps_seen: list[int] = []
 
+    names = log.model_names()  # hash -> the registry name a spec recorded (never re-resolved)
+
     def step_node(seq: int, epoch: int, hops: int) -> dict[str, Any]:
         steps_seen.append(seq)
         # the binding in force at this step, by the one rule (broker_schema.binding): the
@@ -155,7 +157,12 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             # the code that ran the step (SpecRecord.module_at: fx workload deploy)
             "spec": {"offset": spec_offset, "module_hash": spec.module_at(seq)[0],
                      "effect_kinds": list(spec.effect_kinds), "models": spec.models_at(seq),
-                     "binding_switch_at": switch},
+                     "binding_switch_at": switch,
+                     # the names the spec in force recorded (else a later spec's)
+                     "model_names": {h: (spec.model_names[h].text() if h in spec.model_names
+                                         else names[h])
+                                     for h in spec.models_at(seq).values()
+                                     if h in spec.model_names or h in names}},
         }
         module_switch = max((s.at_step for s in spec.module_switches if s.at_step <= seq),
                             default=None)
@@ -188,6 +195,7 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
             "topic": view.topic, "offset": raw.offset, "time_ms": raw.time_ms,
             "effect_id": record.effect_id, "outcome": record.outcome,
             "model_hash": record.model_hash,
+            "model_name": names.get(record.model_hash or ""),
             "output": None if record.output is None else _body(record.output),
             "error": None if record.error is None else record.error.model_dump(mode="json"),
             "executor": None if record.executor is None else record.executor.model_dump(
@@ -207,7 +215,8 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
                                          if record.model_hash and req.model else None)
         resp["request"] = {
             "topic": out_view.topic, "offset": req_raw.offset, "time_ms": req_raw.time_ms,
-            "effect_kind": req.effect_kind, "model": req.model, "params": dict(req.params),
+            "effect_kind": req.effect_kind, "model": req.model,
+            "model_name": names.get(req.model or ""), "params": dict(req.params),
             "input": None if req.input is None else _body(req.input),
             "deadline_ms": req.deadline_ms, "header": req.header.model_dump(mode="json"),
         }
@@ -274,7 +283,7 @@ def render_tree(tree: dict[str, Any]) -> str:
                          f"({s['workload_class']})")
         lines.append(f"{pad}  claim @{c['offset']} holder {c['holder_id']} -> spec "
                      f"@{s['offset']}{adopted} module {s['module_hash'][:19]}… models "
-                     f"{s['models']}{switched}")
+                     f"{_named_models(s)}{switched}")
         if "input" in node:
             i = node["input"]
             lines.append(f"{pad}  input {i['topic']}@{i['offset']} t={i['time_ms']} "
@@ -285,7 +294,8 @@ def render_tree(tree: dict[str, Any]) -> str:
         verdict = ("valid" if sig.get("valid") else "INVALID" if sig.get("valid") is False
                    else "not checked") if sig["signed"] else "unsigned"
         lines.append(f"{pad}  response {r['topic']}@{r['offset']} outcome {r['outcome']} "
-                     f"model {r['model_hash']} by {r['written_by']}")
+                     f"model {_named(r['model_hash'], r.get('model_name'))} by "
+                     f"{r['written_by']}")
         if r["executor"]:
             e = r["executor"]
             lines.append(f"{pad}    executor {e['node_id']} {e['engine']} "
@@ -297,7 +307,8 @@ def render_tree(tree: dict[str, Any]) -> str:
         lines.append(f"{pad}    signature {verdict}: {sig.get('reason')}")
         q = r["request"]
         lines.append(f"{pad}    request {q['topic']}@{q['offset']} {q['effect_kind']} model "
-                     f"{q['model']} params {q['params']} deadline {q['deadline_ms']} ms")
+                     f"{_named(q['model'], q.get('model_name'))} params {q['params']} "
+                     f"deadline {q['deadline_ms']} ms")
         if q["input"] is not None:
             lines.append(f"{pad}      input {_short(q['input'])}")
         step(q["step"], depth + 3)
@@ -309,6 +320,19 @@ def render_tree(tree: dict[str, Any]) -> str:
                     if "merge_offset" in snap else f" ({snap['note']})"))
     lines.append(f"state at the time: {tree['replay']}")
     return "\n".join(lines)
+
+
+def _named(model_hash: str | None, name: str | None) -> str:
+    """A model hash with the registry name its spec recorded beside it, when there is one."""
+    return f"{name} ({model_hash})" if name else str(model_hash)
+
+
+def _named_models(spec_node: dict[str, Any]) -> str:
+    names = spec_node.get("model_names") or {}
+    if not names:
+        return str(spec_node["models"])
+    return "{" + ", ".join(f"{b}: {_named(h, names.get(h))}"
+                           for b, h in sorted(spec_node["models"].items())) + "}"
 
 
 def _short(body: dict[str, Any], limit: int = 80) -> str:

@@ -209,8 +209,16 @@ def _spec(args: argparse.Namespace) -> int:
         if not sep or not node:
             raise SystemExit(f"--signer takes NODE=PUBLIC_KEY, got {item!r}")
         signers[node] = (*signers.get(node, ()), key)
+    from broker_schema.registry import RegistryError
+    from fx_kafka.model_registry import resolve_refs
     from workload_sdk._model_check import ModelCheckError, check_spec_models
 
+    try:  # NAME@VERSION / NAME@ALIAS resolved now, once; the record keeps hash and name
+        models, names = asyncio.run(resolve_refs(_bootstrap(args), models))
+        local, local_names = asyncio.run(resolve_refs(_bootstrap(args), local))
+    except RegistryError as exc:
+        print(f"fx workload spec: --model: {exc}", file=sys.stderr, flush=True)
+        return EXIT_WORKLOAD
     try:
         unchecked = asyncio.run(check_spec_models(
             _bootstrap(args), {"--model": models, "--local-model": local}, force=args.force,
@@ -238,6 +246,7 @@ def _spec(args: argparse.Namespace) -> int:
         input_policy=InputPolicy(wait_ms=args.input_wait_ms, then=args.on_unresolvable,
                                  on_step_error=args.on_step_error),
         chunk_store=args.chunk_store,
+        model_names={**names, **local_names},
     )
     try:
         offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
@@ -246,7 +255,10 @@ def _spec(args: argparse.Namespace) -> int:
         print(f"spec not written: {exc}", file=sys.stderr, flush=True)
         return EXIT_MISMATCH
     _store_code(_bootstrap(args), workload)
-    print(f"spec written to {topics.spec(args.id)}@{offset}")
+    named = "".join(f"; {b} = {spec.model_names[h].text()} = {h}"
+                    for b, h in sorted({**spec.models, **spec.local_models}.items())
+                    if h in spec.model_names)
+    print(f"spec written to {topics.spec(args.id)}@{offset}{named}")
     return 0
 
 
@@ -749,7 +761,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spec.add_argument("id")
     spec.add_argument("--module", required=True, help="MODULE:Class (its hash goes in the spec)")
     spec.add_argument("--kind", action="append", help="an effect kind to bind (repeatable)")
-    spec.add_argument("--model", action="append", help="NAME=sha256:HEX (repeatable)")
+    spec.add_argument("--model", action="append", metavar="NAME=MODEL",
+                      help="NAME=sha256:HEX, or NAME=MODEL@VERSION / NAME=MODEL@ALIAS from the "
+                      "registry (fx models list --registry), resolved now and recorded with "
+                      "its name (repeatable)")
     spec.add_argument("--local-model", action="append", metavar="NAME=HASH",
                       help="mode A (experimental): an integer artifact the step runs itself "
                       "(repeatable)")

@@ -81,6 +81,11 @@ class Row:
     model: str | None = None
     #: the model hash its effect was answered with, once joined with the response
     model_hash: str | None = None
+    #: the registry name (``name@version``) a spec recorded for that model when it was
+    #: written (``SpecRecord.model_names``), once joined; never resolved again
+    model_name: str | None = None
+    #: on a spec row: the names it records, ``(hash, name@version)`` pairs (for the join)
+    names: tuple[tuple[str, str], ...] = ()
     #: the record this one names: a merge entry's source, an answer's request (stream, offset)
     ref: tuple[str, int] | None = None
     #: the offset on ``.out`` that ``fx why ID --output N`` walks back from to explain this row
@@ -112,10 +117,12 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     if isinstance(rec, InputRecord):
         return Row(*base, "input", who=rec.source, summary=_body_text(rec.body))
     if isinstance(rec, SpecRecord):
-        return Row(*base, "spec",
+        names = tuple(sorted((h, n.text()) for h, n in rec.model_names.items()))
+        return Row(*base, "spec", names=names,
                    summary=f"module {rec.module_hash[:19]}… kinds {', '.join(rec.effect_kinds)}"
                    + "".join(f"; code {sw.module_hash[:19]}… ({sw.workload_class}) from step "
-                             f"{sw.at_step}" for sw in rec.module_switches))
+                             f"{sw.at_step}" for sw in rec.module_switches)
+                   + "".join(f"; model {n} = {h[:19]}…" for h, n in names))
     if isinstance(rec, ClaimRecord):
         adopted = "" if rec.from_seq is None else f", adopted from step {rec.from_seq}"
         return Row(*base, "claim", epoch=rec.epoch, who=rec.holder_id,
@@ -158,6 +165,15 @@ def row_of(stream: str, offset: int, time_ms: int, value: bytes) -> Row:
     return Row(*base, rec.kind, summary=f"a record that does not belong on {stream}")
 
 
+def named(row: Row, names: dict[str, str]) -> Row:
+    """``row`` with the registry name ``names`` (hash -> name, from the specs' ``model_names``)
+    holds for its model, if any (the console's timeline, which joins nothing else)."""
+    if row.model_name is not None:
+        return row
+    found = names.get(row.model_hash or "") or names.get(row.model or "")
+    return row if found is None else replace(row, model_name=found)
+
+
 @dataclass
 class LogIndex:
     """What rows of one stream need from the others, gathered as rows are added (in any order;
@@ -172,6 +188,8 @@ class LogIndex:
     step_out: dict[int, int] = field(default_factory=dict)
     #: ``.in`` offset -> the seq it was delivered at
     input_seq: dict[int, int] = field(default_factory=dict)
+    #: model hash -> the registry name the specs recorded for it (a later spec's wins)
+    model_names: dict[str, str] = field(default_factory=dict)
 
     def add(self, row: Row) -> None:
         """Learn what ``row`` tells the others."""
@@ -184,6 +202,8 @@ class LogIndex:
                 self.step_out[row.seq] = row.offset
         elif row.kind == "response" and row.effect_id and row.model_hash:
             self.answered[row.effect_id] = row.model_hash
+        elif row.kind == "spec" and row.names:
+            self.model_names.update(row.names)
         elif (row.kind == "merge" and row.outcome == "delivered" and row.ref is not None
               and row.ref[0] == "in" and row.seq is not None):
             self.input_seq[row.ref[1]] = row.seq
@@ -200,6 +220,11 @@ class LogIndex:
                 updates["effect_kind"] = request[2]
         if row.model_hash is None and row.effect_id in self.answered:
             updates["model_hash"] = self.answered[row.effect_id]
+        if row.model_name is None:
+            named = self.model_names.get(updates.get("model_hash") or row.model_hash or "") \
+                or self.model_names.get(updates.get("model") or row.model or "")
+            if named is not None:
+                updates["model_name"] = named
         if row.why is None:
             why = self._why(row, request)
             if why is not None:

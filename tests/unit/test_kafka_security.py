@@ -140,6 +140,10 @@ def test_the_acl_plan_is_what_the_design_implies() -> None:
     # the key history is the operator's (with the fleet key); no service writes it
     assert allowed(op, W, "sys.keys") and allowed(op, R, "sys.keys")
     assert not allowed(ex, W, "sys.keys") and not allowed(ho, W, "sys.keys")
+    # the model registry (issue 28): only the operator writes it; no service reads it
+    assert allowed(op, W, "sys.models") and allowed(op, R, "sys.models")
+    assert not any(allowed(who, W, "sys.models") for who in (ex, ho, pr))
+    assert not allowed(ho, R, "sys.models") and not allowed(ex, R, "sys.models")
     # the holder reads it (and sys.facts) for its signature checks
     assert allowed(ho, R, "sys.keys") and allowed(ho, R, "sys.facts")
     # alarms: the holder raises them with its unknown or timeout, a gateway when its device

@@ -119,7 +119,14 @@ async def test_documented_mistakes_print_one_line(kafka_bootstrap: str, unique_w
                  "--model takes NAME=sha256:HEX")
         _mistake(["upgrade", wid, "--model", f"filetype={'cd' * 32}", "--at-step", "0", *b],
                  "--model takes NAME=sha256:HEX")
+        # registry names (fx models register): a name never registered, a bad spelling
+        _mistake([*spec, "--model", f"filetype=no-such-model-{wid}@1.0", *b],
+                 f"--model: no model named 'no-such-model-{wid}'")
+        _mistake(["upgrade", wid, "--model", f"filetype=no-such-model-{wid}@prod", "--at-step",
+                  "0", *b], "fx upgrade: --model", "no model named")
         other = "sha256:" + "cd" * 32
+        _mistake(["models", "register", "Not-A-Name@1", other, *b],
+                 "fx models register: 'Not-A-Name@1' is not a model reference")
         _mistake(["upgrade", wid, "--model", f"filetype={other}", "--at-step", "0", *b],
                  f"no node on sys.facts holds filetype={other}")
         # a module that is not there: one line (the last guard)

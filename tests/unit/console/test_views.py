@@ -222,3 +222,16 @@ def test_the_offset_strip_covers_each_stream_and_shows_the_worst(log: WorkloadLo
             assert b.worst == min(inside, key=views.SEVERITY.index)
     worst_resp = {b.worst for b in strip["resp"]}
     assert worst_resp & {"error", "timeout"}
+
+
+def test_the_why_graph_shows_the_recorded_model_names_beside_hashes(log: WorkloadLog) -> None:
+    answer = next(r.offset for r in log["out"] if '"outcome":"ok"' in r.value.decode())
+    tree = why(log, out_offset=answer)
+    step = tree["step"]
+    bound = sorted(step["spec"]["models"].values())[0]
+    step["spec"]["model_names"] = {bound: "magika@prod=0.6.1"}
+    step["response"]["model_name"] = "magika@prod=0.6.1"
+    boxes = {b.id: b for b in views.why_graph(tree, lambda s, o: f"/r/{s}/{o}").boxes}
+    assert any("magika@prod=0.6.1" in line for line in boxes["bind0"].lines)
+    assert any(line.startswith("model magika@prod=0.6.1 sha256:")
+               for line in boxes["resp0"].lines)
