@@ -49,6 +49,7 @@ from broker_schema import (
     json_depth,
     parse_effect_id,
     request_hash,
+    sha256_hex,
     topics,
 )
 from broker_schema import (
@@ -375,8 +376,9 @@ class Core:
 
     @property
     def state_hash(self) -> str:
-        """``sha256:<hex>`` of the workload state's canonical bytes."""
-        return content_hash(self.state)
+        """``sha256:<hex>`` of the workload state's canonical bytes (those kept from the last
+        step's normalization: the state is not serialized again to hash it)."""
+        return sha256_hex(self._state_bytes())
 
     # -- decisions -----------------------------------------------------------------------------
     def input_allowed(self, spec: SpecRecord, now_ms: int | None = None) -> bool:
