@@ -49,12 +49,14 @@ from broker_schema import (
     json_depth,
     parse_effect_id,
     request_hash,
+    sha256_hex,
     topics,
 )
 from broker_schema import (
     EncodeError as _EncodeError,
 )
 from broker_schema.chunks import check_chunk, chunk_ref_of
+from broker_schema.construct import construct
 from broker_schema.refs import chunk_owner, ref_problem
 from broker_schema.signatures import answer_refusal
 from broker_schema.streams import OutRecord, SourceRecord
@@ -164,15 +166,35 @@ class Decision:
     skip: SkipNote | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Applied:
     """The result of :meth:`Core.apply`: the merge entry (None for a tick), the step's output
-    records (empty unless delivered), and whether a snapshot is due after it."""
+    records (empty unless delivered), and whether a snapshot is due after it.
 
-    decision: Decision
-    entry: MergeEntry | None
-    outputs: tuple[OutRecord, ...] = ()
-    snapshot_due: bool = False
+    The merge entry is built (and validated) when it is first read: the live holder and the
+    simulator write it, replay only checks the decision against the recorded entry and never
+    reads it (one pydantic record less a step). ``entry`` may be given as the entry itself or
+    as its fields."""
+
+    __slots__ = ("_entry", "_fields", "decision", "outputs", "snapshot_due")
+
+    def __init__(self, decision: Decision, entry: MergeEntry | Mapping[str, Any] | None,
+                 outputs: tuple[OutRecord, ...] = (), snapshot_due: bool = False) -> None:
+        self.decision = decision
+        self.outputs = outputs
+        self.snapshot_due = snapshot_due
+        self._entry = entry if entry is None or isinstance(entry, MergeEntry) else None
+        self._fields = None if entry is None or isinstance(entry, MergeEntry) else entry
+
+    @property
+    def entry(self) -> MergeEntry | None:
+        """The merge entry to write (None for a tick)."""
+        if self._entry is None and self._fields is not None:
+            self._entry = MergeEntry(**self._fields)
+        return self._entry
+
+    def __repr__(self) -> str:
+        return (f"Applied(decision={self.decision!r}, entry={self.entry!r}, "
+                f"outputs={self.outputs!r}, snapshot_due={self.snapshot_due!r})")
 
 
 def _live_effect(effect_id: str) -> EffectHeader | None:
@@ -354,8 +376,9 @@ class Core:
 
     @property
     def state_hash(self) -> str:
-        """``sha256:<hex>`` of the workload state's canonical bytes."""
-        return content_hash(self.state)
+        """``sha256:<hex>`` of the workload state's canonical bytes (those kept from the last
+        step's normalization: the state is not serialized again to hash it)."""
+        return sha256_hex(self._state_bytes())
 
     # -- decisions -----------------------------------------------------------------------------
     def input_allowed(self, spec: SpecRecord, now_ms: int | None = None) -> bool:
@@ -443,7 +466,7 @@ class Core:
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
             return Applied(decision, None)
-        entry = MergeEntry(
+        entry = dict(
             workload_id=self.workload_id, seq=self.seq, epoch=epoch, source=item.source,
             source_offset=item.offset, effect_id=decision.effect_id, action=decision.action,
             reason=decision.reason, skip=decision.skip,
@@ -485,7 +508,7 @@ class Core:
         self.seq += 1
         return Applied(decision, entry, outputs, snapshot_due=self.seq % spec.snapshot_every == 0)
 
-    def _step_or_skip(self, event: InputEvent, entry: MergeEntry, *, epoch: int,
+    def _step_or_skip(self, event: InputEvent, entry: dict[str, Any], *, epoch: int,
                       spec: SpecRecord) -> Applied:
         """Step an input under ``on_step_error = "quarantine"``: when the step itself raises
         (anything but a :class:`WorkloadError`), the input is skipped on the record
@@ -503,8 +526,8 @@ class Core:
             note = SkipNote(cause="step_raised",
                             detail=f"{type(exc).__name__}: {exc}"[:4096])
             decision = Decision("pass_over", "quarantined", skip=note)
-            return Applied(decision, entry.model_copy(update={
-                "action": "pass_over", "reason": "quarantined", "skip": note}))
+            return Applied(decision, {**entry, "action": "pass_over", "reason": "quarantined",
+                                      "skip": note})
         self.seq += 1
         return Applied(Decision("deliver"), entry, outputs,
                        snapshot_due=self.seq % spec.snapshot_every == 0)
@@ -544,8 +567,10 @@ class Core:
         issued: list[Pending] = []
         models = spec.models_at(seq)
         for index, out in enumerate(outs):
-            header = EffectHeader(workload_id=self.workload_id, input_offset=seq, index=index,
-                                  epoch=epoch)
+            # the fold's own values (its workload id, seq and epoch, a count): built without
+            # validating them again (the same object pydantic would build)
+            header = _header({"workload_id": self.workload_id, "input_offset": seq,
+                              "index": index, "epoch": epoch})
             if isinstance(out, Emit):
                 records.append(OutputRecord(header=header, body=out.body))
                 continue
@@ -579,6 +604,14 @@ class Core:
         for p in issued:
             self.pending[p.effect_id] = p
         return tuple(records)
+
+
+def _header(fields: dict[str, Any]) -> EffectHeader:
+    """An effect header from the fold's own values, built as :func:`broker_schema.construct`
+    builds a trusted record (no validation: the values are the fold's, not a step's)."""
+    header = construct(EffectHeader, fields)
+    assert isinstance(header, EffectHeader)
+    return header
 
 
 def _unavailable(exc: Exception, spec: SpecRecord) -> bool:
