@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps kafka lint test test-unit test-integration bench demo schema console-screenshots broker-start broker-stop clean
+.PHONY: install system-deps kafka images engine test-deploy lint test test-unit test-integration bench demo schema console-screenshots broker-start broker-stop clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,26 @@ system-deps:
 # --mirror: MirrorMaker 2 and the project's transform for `fx mirror` (compiled: needs a JDK)
 kafka:
 	bash deploy/local-kafka/fetch.sh --mirror
+
+# The images (docs/operations.md, "Images"): the cpu target on BASE_IMAGE, by default the local
+# Debian base made with debootstrap (deploy/docker/base-image.sh: no image hub needed); the
+# Apache Kafka and Prometheus images of the host-network compose stack on the same base. The
+# cuda target needs a CUDA base image (CUDA_IMAGE, pulled): `make image-cuda` where one exists.
+DOCKER      ?= /usr/bin/docker
+BASE_IMAGE  ?= fx-debian-base:bookworm
+IMAGE_TAG   ?= ninelives-fx
+export DOCKER_BUILDKIT := 1
+images: kafka
+	DOCKER=$(DOCKER) bash deploy/docker/base-image.sh $(BASE_IMAGE)
+	$(DOCKER) build --network host --build-arg PYTHON_IMAGE=$(BASE_IMAGE) --target cpu -t $(IMAGE_TAG):cpu .
+	DOCKER=$(DOCKER) bash deploy/docker/extra-images.sh $(BASE_IMAGE) $(IMAGE_TAG)
+
+image-cuda:
+	$(DOCKER) build --network host --target cuda -t $(IMAGE_TAG):cuda .
+
+# a Docker engine for the deploy tests, started the way machines without bridge networking allow
+engine:
+	bash deploy/docker/engine.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -65,7 +65,7 @@ def test_targets_and_user() -> None:
         assert users == ["10001:10001"], (target, users)
         assert any(ln.startswith(f"COPY --from={target}-venv ") for ln in lines), target
         assert any(ln.startswith("COPY --from=models /opt/ninelives-fx/models ") for ln in lines)
-        assert 'ENTRYPOINT ["fx"]' in lines
+        assert 'ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]' in lines
     assert any("nvidia/cuda:" in ln and "runtime" in ln for ln in DOCKERFILE.read_text()
                .splitlines() if ln.startswith("ARG CUDA_IMAGE="))
     assert any('"/src[gpu]"' in ln for ln in stages["cuda-venv"]), "the cuda venv has CuPy"
