@@ -109,7 +109,7 @@ FROM cuda-base AS cuda
 COPY --from=cuda-venv /opt/ninelives-fx/venv /opt/ninelives-fx/venv
 COPY --from=models /opt/ninelives-fx/models /opt/ninelives-fx/models
 COPY deploy/docker/models.sha256 /opt/ninelives-fx/models.sha256
-COPY deploy/docker/fx-entrypoint.sh /opt/ninelives-fx/fx-entrypoint.sh
+COPY deploy/docker/fx-entrypoint.sh deploy/docker/healthcheck.py /opt/ninelives-fx/
 ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_DATA_DIR=/var/lib/ninelives-fx \
     FX_CACHE_DIR=/var/lib/ninelives-fx/cache \
@@ -122,7 +122,7 @@ WORKDIR /var/lib/ninelives-fx
 VOLUME ["/var/lib/ninelives-fx"]
 EXPOSE 8088
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=6 \
-  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('FX_EXECUTOR_HTTP_PORT', '8088'), timeout=4)"]
+  CMD ["python3", "/opt/ninelives-fx/healthcheck.py", "live"]
 ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]
 CMD ["executor", "run"]
 
@@ -130,7 +130,7 @@ FROM cpu-base AS cpu
 COPY --from=cpu-venv /opt/ninelives-fx/venv /opt/ninelives-fx/venv
 COPY --from=models /opt/ninelives-fx/models /opt/ninelives-fx/models
 COPY deploy/docker/models.sha256 /opt/ninelives-fx/models.sha256
-COPY deploy/docker/fx-entrypoint.sh /opt/ninelives-fx/fx-entrypoint.sh
+COPY deploy/docker/fx-entrypoint.sh deploy/docker/healthcheck.py /opt/ninelives-fx/
 ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_DATA_DIR=/var/lib/ninelives-fx \
     FX_CACHE_DIR=/var/lib/ninelives-fx/cache \
@@ -143,6 +143,6 @@ WORKDIR /var/lib/ninelives-fx
 VOLUME ["/var/lib/ninelives-fx"]
 EXPOSE 8088
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=6 \
-  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('FX_EXECUTOR_HTTP_PORT', '8088'), timeout=4)"]
+  CMD ["python3", "/opt/ninelives-fx/healthcheck.py", "live"]
 ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]
 CMD ["executor", "run"]
