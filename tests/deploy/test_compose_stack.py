@@ -5,7 +5,8 @@ Prometheus (Debian's package) come up on the host network at ports from the envi
 demo's questions and more are answered end to end; the executor's container is restarted while
 requests are in flight and every request is still answered ``ok`` and merged exactly once;
 Prometheus scraped queue depth from the executor and merge lag from the holder; three executor
-replicas get three node ids and three state volumes; ``down -v`` leaves no container, network or volume of the project."""
+replicas get three node ids and three state volumes; ``down -v`` leaves no container, network
+or volume of the project."""
 from __future__ import annotations
 
 import json
