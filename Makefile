@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps kafka lint test test-unit test-integration bench demo schema console-screenshots broker-start broker-stop clean
+.PHONY: install system-deps kafka images image-cuda engine test-deploy lint test test-unit test-integration bench demo schema console-screenshots broker-start broker-stop clean
 
 install: $(VENV)/.installed
 
@@ -32,33 +32,68 @@ system-deps:
 kafka:
 	bash deploy/local-kafka/fetch.sh --mirror
 
+# The images (docs/operations.md, "Images"): the cpu target on BASE_IMAGE, by default the local
+# Debian base made with debootstrap (deploy/docker/base-image.sh: no image hub needed); the
+# Apache Kafka and Prometheus images of the host-network compose stack on the same base. The
+# cuda target needs a CUDA base image (CUDA_IMAGE, pulled): `make image-cuda` where one exists.
+DOCKER      ?= /usr/bin/docker
+BASE_IMAGE  ?= fx-debian-base:bookworm
+IMAGE_TAG   ?= ninelives-fx
+# a proxy's CA bundle for pip inside the build (a build secret: in no layer), when there is one
+CA_BUNDLE   ?= $(firstword $(wildcard $(PIP_CERT) $(SSL_CERT_FILE)))
+comma       := ,
+CA_SECRET   := $(if $(CA_BUNDLE),--secret id=ca$(comma)src=$(CA_BUNDLE))
+export DOCKER_BUILDKIT := 1
+images: kafka
+	DOCKER=$(DOCKER) bash deploy/docker/base-image.sh $(BASE_IMAGE)
+	$(DOCKER) build --network host $(CA_SECRET) --build-arg PYTHON_IMAGE=$(BASE_IMAGE) --target cpu -t $(IMAGE_TAG):cpu .
+	DOCKER=$(DOCKER) bash deploy/docker/extra-images.sh $(BASE_IMAGE) $(IMAGE_TAG)
+
+image-cuda:
+	$(DOCKER) build --network host $(CA_SECRET) --target cuda -t $(IMAGE_TAG):cuda .
+
+# a Docker engine for the deploy tests, started the way machines without bridge networking allow
+engine:
+	bash deploy/docker/engine.sh
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Apache Kafka is fetched only when no broker is given: FX_KAFKA_BOOTSTRAP set skips it
+# (what needs MirrorMaker 2, `fx mirror`'s test, fetches it by itself).
+KAFKA_DEP := $(if $(FX_KAFKA_BOOTSTRAP),,kafka)
+
 # Every test: unit, integration (a real broker: FX_KAFKA_BOOTSTRAP, else a local Apache Kafka
-# started for the session, else Redpanda through Docker), gpu (skipped without a device).
-test: install system-deps kafka
+# started for the session, else the Kafka image of `make images` with a Docker engine, else
+# Redpanda through testcontainers), deploy (tests/deploy: the images built and run, the compose
+# stack; a Docker engine is started for them when none answers, and stopped after; under CI=true
+# an engine that cannot start fails them), gpu (skipped without a device).
+test: install system-deps $(KAFKA_DEP)
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install system-deps kafka
+test-integration: install system-deps $(KAFKA_DEP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# the deploy part alone: images, compose stack, systemd (docs/operations.md, "Deploy tests")
+test-deploy: install system-deps $(KAFKA_DEP)
+	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
 
 # Every performance figure of issue 16 side by side, bounded (a few minutes): the ratio table
 # (figure, goal, measured, met?) and JSON in bench/results/. FX_KAFKA_BOOTSTRAP, else a local
 # broker for the run. BENCH_ARGS="--quick" for the short run, "--repeat 3" for medians.
 BENCH_ARGS ?=
-bench: install kafka
+bench: install $(KAFKA_DEP)
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python bench/suite.py $(BENCH_ARGS)
 
-demo: install kafka
+demo: install $(KAFKA_DEP)
 	$(BIN)/python -m fx_cli.demo
 
 # the console's browser tests, writing their screenshots to docs/console/ (docs/console.md)
-console-screenshots: install system-deps kafka
+console-screenshots: install system-deps $(KAFKA_DEP)
 	FX_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest tests/integration/console $(PYTEST_ARGS)
 
 schema: install

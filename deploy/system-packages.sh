@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages the tests need beyond Python and Java, installed when missing:
 #   chromium, chromium-driver  the console's browser tests (a real headless Chromium)
-#   docker-compose             `docker-compose config` validates docker-compose.yml (no engine)
+#   docker-compose             `docker-compose config` validates docker-compose.yml; the deploy
+#                              tests run the compose stack with it
+#   docker.io                  the Docker engine and client of the deploy tests (tests/deploy
+#                              start dockerd when none answers: deploy/docker/engine.sh)
+#   debootstrap                the local Debian base image (deploy/docker/base-image.sh)
 #   systemd                    `systemd-analyze verify` checks the units under deploy/systemd
 #   g++                        the CPU build of the integer engine's CUDA sources
 #   prometheus                 only for `promtool`: checks deploy/prometheus (config, rules, alert
@@ -10,7 +14,7 @@
 # Idempotent: prints what it installs; as root it runs apt-get, otherwise it prints the command
 # and exits 1 when something is missing.
 set -euo pipefail
-pkgs=(chromium chromium-driver docker-compose systemd g++ prometheus)
+pkgs=(chromium chromium-driver docker-compose docker.io debootstrap systemd g++ prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -2,7 +2,13 @@
 
 1. ``FX_KAFKA_BOOTSTRAP`` if set (it must answer; an unreachable one is an error, not a fallback);
 2. the local Apache Kafka of :mod:`fx_kafka.local`, started for the session and stopped after;
-3. with a Docker engine, Redpanda through testcontainers (the optional ``docker`` extra).
+3. with a Docker engine holding the Kafka image ``make images`` builds (``FX_KAFKA_IMAGE``,
+   default ``ninelives-fx-kafka:<version>``), that image in a container on the host network
+   (:mod:`fx_kafka.docker_kafka`; plain ``docker run``, see there why not testcontainers);
+4. with a Docker engine that can pull images, Redpanda through testcontainers (the optional
+   ``docker`` extra; not run on the machines this project is built on, which reach no hub).
+
+``FX_TEST_BROKER=docker`` skips step 2 (the tests then run against the Kafka image).
 
 If none can be had, :class:`~fx_kafka.errors.NoBrokerError` lists why each was not available.
 A local broker that is available (Java and jars present) but fails to start raises
@@ -24,11 +30,13 @@ from typing import Any
 
 from fx_kafka._sync import run_sync
 from fx_kafka.client import wait_ready
+from fx_kafka.docker_kafka import default_image, docker_client, docker_kafka, image_present
 from fx_kafka.errors import BrokerNotReadyError, FetchError, JavaNotFoundError, NoBrokerError
 from fx_kafka.local import LocalKafka
 
 __all__ = [
     "BOOTSTRAP_ENV",
+    "CHOICE_ENV",
     "REDPANDA_IMAGE",
     "broker_for_tests",
     "kafka_for_tests",
@@ -37,6 +45,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENV = "FX_KAFKA_BOOTSTRAP"
+#: ``docker``: skip the local Apache Kafka (step 2), so the Kafka image serves the tests
+CHOICE_ENV = "FX_TEST_BROKER"
 #: Pinned: testcontainers' default Redpanda image is old.
 REDPANDA_IMAGE = "docker.redpanda.com/redpandadata/redpanda:v24.2.7"
 REDPANDA_START_TIMEOUT_S = 180
@@ -70,6 +80,22 @@ def _local_kafka(reasons: list[str], start_timeout: float) -> Iterator[str | Non
             log.info("kept test broker dir %s", data_dir)
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _kafka_image(reasons: list[str], start_timeout: float) -> Iterator[str | None]:
+    docker = docker_client()
+    image = default_image()
+    if docker is None:
+        reasons.append("Kafka image: no docker client")
+        yield None
+        return
+    if not image_present(docker, image):
+        reasons.append(f"Kafka image: no engine answers or it has no {image} (make images)")
+        yield None
+        return
+    with docker_kafka(docker, image, start_timeout=start_timeout) as bootstrap:
+        yield bootstrap
 
 
 @contextlib.contextmanager
@@ -143,7 +169,14 @@ def kafka_for_tests(*, start_timeout: float = 120.0) -> Iterator[str]:
         return
 
     reasons: list[str] = [f"{BOOTSTRAP_ENV} is not set"]
-    with _local_kafka(reasons, start_timeout) as bootstrap:
+    if os.environ.get(CHOICE_ENV, "").strip().lower() == "docker":
+        reasons.append(f"local Apache Kafka: skipped ({CHOICE_ENV}=docker)")
+    else:
+        with _local_kafka(reasons, start_timeout) as bootstrap:
+            if bootstrap is not None:
+                yield bootstrap
+                return
+    with _kafka_image(reasons, start_timeout) as bootstrap:
         if bootstrap is not None:
             yield bootstrap
             return

@@ -14,12 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy import images
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the local Debian base every image here is built on (deploy/docker/base-image.sh)
 BASE_IMAGE = os.environ.get("FX_BASE_IMAGE", "fx-debian-base:bookworm")
 
 
 def _docker() -> str | None:
+    """The Docker client: FX_DOCKER, else Debian's (/usr/bin/docker: its version matches the
+    engine docker.io starts, and it builds with the engine's BuildKit), else the one on PATH."""
+    given = os.environ.get("FX_DOCKER")
+    if given:
+        return shutil.which(given)
+    if Path("/usr/bin/docker").exists():
+        return "/usr/bin/docker"
     return shutil.which("docker")
 
 
@@ -49,9 +58,33 @@ def docker_engine() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def debian_base(docker_engine: str) -> str:
     """The tag of the local Debian base image, made with debootstrap when absent."""
-    env = {**os.environ, "DOCKER": docker_engine}
     run = subprocess.run(["bash", str(ROOT / "deploy/docker/base-image.sh"), BASE_IMAGE],
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True,
+                         env={**os.environ, "DOCKER": docker_engine})
     if run.returncode != 0:
         _unavailable(f"the Debian base image could not be made: {run.stderr.strip()[-800:]}")
     return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_engine: str, debian_base: str) -> str:
+    """The project's ``cpu`` image on the local base (built, or found in the build cache)."""
+    built = images.build_cpu(docker_engine, debian_base)
+    print(f"cpu image {built.tag}: {built.seconds:.1f} s")
+    return built.tag
+
+
+@pytest.fixture(scope="session")
+def kafka_image(docker_engine: str, debian_base: str) -> str:
+    """The Apache Kafka image (deploy/docker/kafka) on the local base."""
+    built = images.build_extra(docker_engine, debian_base, "kafka")
+    print(f"kafka image {built.tag}: {built.seconds:.1f} s")
+    return built.tag
+
+
+@pytest.fixture(scope="session")
+def prometheus_image(docker_engine: str, debian_base: str) -> str:
+    """The Prometheus image (deploy/docker/prometheus, Debian's package) on the local base."""
+    built = images.build_extra(docker_engine, debian_base, "prometheus")
+    print(f"prometheus image {built.tag}: {built.seconds:.1f} s")
+    return built.tag

@@ -220,10 +220,33 @@ def test_chooser_without_any_broker_raises_no_broker_error(
         yield None
 
     monkeypatch.setattr(testing, "_redpanda", no_docker)
+    monkeypatch.setenv("FX_DOCKER", "fx-no-such-docker-client")  # the Kafka image path: none
+    monkeypatch.delenv(testing.CHOICE_ENV, raising=False)
     with pytest.raises(NoBrokerError) as info, testing.kafka_for_tests():
         pass
-    assert len(info.value.reasons) == 3
+    assert len(info.value.reasons) == 4
     assert "no java found" in info.value.reasons[1]
+    assert info.value.reasons[2] == "Kafka image: no docker client"
+
+
+def test_chooser_docker_choice_skips_the_local_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(testing.BOOTSTRAP_ENV, raising=False)
+    monkeypatch.setenv(testing.CHOICE_ENV, "docker")
+    monkeypatch.setattr(testing, "LocalKafka", None)  # must not be touched
+    monkeypatch.setattr(testing, "docker_client", lambda: "/usr/bin/docker")
+    monkeypatch.setattr(testing, "image_present", lambda docker, image: True)
+    started: list[tuple[str, str]] = []
+
+    @contextlib.contextmanager
+    def fake_run(docker: str, image: str, **_: object) -> Iterator[str]:
+        started.append((docker, image))
+        yield "127.0.0.1:1"
+
+    monkeypatch.setattr(testing, "docker_kafka", fake_run)
+    monkeypatch.setenv("FX_KAFKA_IMAGE", "my-kafka:1")
+    with testing.kafka_for_tests() as bootstrap:
+        assert bootstrap == "127.0.0.1:1"
+    assert started == [("/usr/bin/docker", "my-kafka:1")]
 
 
 def test_chooser_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

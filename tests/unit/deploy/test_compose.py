@@ -5,6 +5,7 @@ started)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
@@ -80,10 +81,62 @@ def test_executors_serve_http_to_prometheus(config: dict[str, Any]) -> None:
         env = config["services"][name]["environment"]
         assert env["FX_EXECUTOR_HTTP_HOST"] == "0.0.0.0", name
         assert env["FX_EXECUTOR_BOOTSTRAP"] == "redpanda:9092", name
-        assert env["FX_EXECUTOR_NODE_ID"], name
-    node_ids = {config["services"][n]["environment"]["FX_EXECUTOR_NODE_ID"]
-                for n in ("executor-cpu", "executor-gpu")}
-    assert len(node_ids) == 2
+
+
+def test_executors_scale(config: dict[str, Any]) -> None:
+    """`--scale executor-cpu=3` (issue 27): no fixed host port, no fixed node id, no shared
+    named state volume (each replica gets the image's anonymous volume and makes its node id in
+    it: deploy/docker/fx-entrypoint.sh); the health check reads the port from the environment."""
+    for name in ("executor-cpu", "executor-gpu"):
+        svc = config["services"][name]
+        assert "ports" not in svc, name
+        assert "FX_EXECUTOR_NODE_ID" not in svc["environment"], name
+        assert not svc.get("volumes"), name
+        assert svc["healthcheck"]["test"] == ["CMD", "python3", "/opt/ninelives-fx/healthcheck.py",
+                                              "ready"], name
+    entry = (DEPLOY / "docker" / "fx-entrypoint.sh").read_text()
+    assert 'exec fx "$@"' in entry and "node-id" in entry
+
+
+def _host_config(**env: str) -> dict[str, Any]:
+    compose = need_tool("docker-compose", COMPOSE_HOW)
+    done = subprocess.run([compose, "-f", "docker-compose.yml", "-f", "docker-compose.host.yml",
+                           "config"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" not in done.stderr.upper(), done.stderr
+    config: dict[str, Any] = yaml.safe_load(done.stdout)
+    return config
+
+
+def test_host_override() -> None:
+    """docker-compose.host.yml: every started service on the host network, no published port
+    (the engine refuses both), ports from the environment, local images, no network created."""
+    config = _host_config(FX_KAFKA_PORT="29092", FX_EXECUTOR_HTTP_PORT="0",
+                          FX_HOLDER_HTTP_PORT="29108", FX_PROMETHEUS_PORT="29090")
+    services = config["services"]
+    for name, svc in services.items():
+        if "grafana" in svc.get("profiles", []) or "gpu" in svc.get("profiles", []):
+            continue
+        assert svc.get("network_mode") == "host", name
+        assert "ports" not in svc, name
+    assert config.get("networks", {}) in ({}, None)
+    assert services["redpanda"]["image"].startswith("ninelives-fx-kafka:")
+    assert services["redpanda"]["environment"]["KAFKA_PORT"] == "29092"
+    assert services["executor-cpu"]["environment"]["FX_EXECUTOR_BOOTSTRAP"] == "127.0.0.1:29092"
+    assert services["executor-cpu"]["environment"]["FX_EXECUTOR_HTTP_PORT"] == "0"
+    assert services["holder"]["environment"]["FX_KAFKA_BOOTSTRAP"] == "127.0.0.1:29092"
+    assert "29108" in services["holder"]["command"]
+    assert "127.0.0.1:29090" in services["prometheus"]["command"][0]
+    assert services["prometheus"]["image"].startswith("ninelives-fx-prometheus:")
+    for name in ("executor-cpu", "holder", "workload-spec", "questions"):
+        assert services[name]["build"]["args"]["PYTHON_IMAGE"] == "fx-debian-base:bookworm"
+    # the Prometheus config the container renders names the same ports, and is valid
+    template = (DEPLOY / "prometheus" / "prometheus.host.yml.in").read_text()
+    command = services["prometheus"]["command"][0]
+    for placeholder, port in (("@EXECUTOR_PORT@", "0"), ("@HOLDER_PORT@", "29108"),
+                              ("@PROMETHEUS_PORT@", "29090")):
+        assert placeholder in template and f"s/{placeholder}/{port}/" in command
 
 
 def test_mounted_files_exist(config: dict[str, Any]) -> None:

