@@ -110,6 +110,27 @@ def test_executor_unit() -> None:
     assert env["FX_DATA_DIR"] == "%S/ninelives-fx/executor-%i"
 
 
+def test_caches_in_cache_directories() -> None:
+    """CuPy's kernel cache and ONNX Runtime's files go to directories systemd makes writable
+    (their defaults under ~ are read-only with ProtectSystem=strict; a GPU node would fail the
+    parity gate). tests/deploy/test_systemd.py writes them from inside the sandbox."""
+    for name, keys in (("fx-executor@.service", ("CUPY_CACHE_DIR", "XDG_CACHE_HOME")),
+                       ("fx-workload@.service", ("XDG_CACHE_HOME",))):
+        service = _unit(name)["Service"]
+        env = dict(e.split("=", 1) for e in service["Environment"])
+        made = {f"%C/{d}" for line in service["CacheDirectory"] for d in line.split()}
+        for key in keys:
+            assert env[key] in made, (name, key, env.get(key), made)
+
+
+def test_holder_not_restarted_on_a_workload_error() -> None:
+    """Exit 2 (a workload error) would meet the same step again after a restart."""
+    service = _unit("fx-workload@.service")["Service"]
+    assert service["RestartPreventExitStatus"] == ["2"]
+    from workload_sdk.cli import EXIT_WORKLOAD
+    assert EXIT_WORKLOAD == 2
+
+
 def test_holders_and_executors_apart() -> None:
     """Holders and executors in sibling slices under fx.slice: the executors' cap and the
     holders' floor keep a misbehaving executor from stalling a holder."""
