@@ -1128,13 +1128,16 @@ class ActuatorMemoryRecord(_Model):
     ``output`` is what its response said), ``cleared`` (the same command ended without reaching
     the device, unreachable or refused by it: a later request with that id is no repeat),
     ``epoch`` (a ``fenced`` device's highest epoch for one workload, keyed by device and
-    workload). The key of each record is :meth:`key`, so
+    workload), ``recent`` (an ``idempotent`` command written and read back, with its output:
+    one of the device's recent effect ids, forgotten again with ``cleared`` once more than the
+    gateway's window of later ones were remembered for the device). The key of each record is
+    :meth:`key`, so
     compaction keeps the latest per key; the gateway reads the topic back on start."""
 
     kind: Literal["actuator_memory"] = "actuator_memory"
     v: Literal[1] = SCHEMA_VERSION
     node_id: NodeId
-    entry: Literal["attempt", "done", "cleared", "epoch"]
+    entry: Literal["attempt", "done", "cleared", "epoch", "recent"]
     device: Annotated[str, Field(min_length=1, max_length=200)]
     workload_id: WorkloadId
     epoch: Epoch
@@ -1149,8 +1152,8 @@ class ActuatorMemoryRecord(_Model):
     def _check_entry(self) -> Self:
         if (self.entry == "epoch") != (self.effect_id is None):
             raise ValueError("effect_id is required exactly when entry is not 'epoch'")
-        if self.entry != "done" and self.output is not None:
-            raise ValueError("only a 'done' entry carries output")
+        if self.entry not in ("done", "recent") and self.output is not None:
+            raise ValueError("only a 'done' or 'recent' entry carries output")
         for value in (self.effect_id, self.request_effect_id):
             if value is not None:
                 parse_effect_id(value)
