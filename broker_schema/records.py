@@ -1086,6 +1086,29 @@ class SkipOrderRecord(_Model):
     ordered_us: Micros
 
 
+class RedactionRecord(_Model):
+    """An operator's redaction of one input's chunk (``fx redact``), on ``sys.chunks`` keyed
+    ``<workload>/<hash>/redaction`` (:func:`broker_schema.chunk_crypto.redaction_key`; never
+    tombstoned, so compaction keeps it), and in a filesystem store beside the chunk.
+
+    The chunk's key entry is destroyed with it: the sealed chunk no longer opens, its content
+    address (``chunk_hash``, the plaintext's sha256) still verifies every record that names it.
+    Replay, ``fx why``, the audit, shadow and the console meet the input as ``Redacted``.
+    ``whole_tenant``: the tenant's keys were destroyed (every chunk of the workload)."""
+
+    kind: Literal["redaction"] = "redaction"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    #: the input's offset on ``.in`` (None for a whole tenant)
+    input_offset: Offset | None = None
+    chunk_hash: Hash | None = None
+    reason: Annotated[str, Field(min_length=1, max_length=4096)]
+    #: who redacted it: the SASL user on a secured broker, else the operator's name
+    principal: NodeId
+    whole_tenant: bool = Field(default=False, exclude_if=lambda v: v is False)
+    redacted_us: Micros
+
+
 class SkipAlarmRecord(_Model):
     """An alarm for a person, on ``sys.alarms``: an input was skipped (``MergeEntry.skip``).
 
@@ -1215,7 +1238,8 @@ Record = Annotated[
     | ActuatorMemoryRecord
     | ModuleRecord
     | SkipOrderRecord
-    | SkipAlarmRecord,
+    | SkipAlarmRecord
+    | RedactionRecord,
     Field(discriminator="kind"),
 ]
 

@@ -29,6 +29,7 @@ from broker_schema.records import (
     MergeEntry,
     ModuleRecord,
     OutputRecord,
+    RedactionRecord,
     RejectedRecord,
     ResponseRecord,
     ShadowEvalRecord,
@@ -93,6 +94,8 @@ SYSTEM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     topics.KEYS: (KeyCertRecord, KeyRevokeRecord),
     topics.ALARMS: (AlarmRecord, AlarmAckRecord, SkipAlarmRecord),
     topics.MODULES: (ModuleRecord,),
+    # beside the chunks' parts and key entries (raw bytes, not records): the redactions
+    topics.CHUNKS: (RedactionRecord,),
 }
 #: What each actuator gateway's memory topic (``sys.actuator.<node id>``) holds.
 ACTUATOR_RECORDS: tuple[type[BaseModel], ...] = (ActuatorMemoryRecord,)
