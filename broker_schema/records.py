@@ -530,6 +530,11 @@ class SpecRecord(_Model):
     #: whose store is another refuses to start, naming both. Left out of the canonical bytes
     #: at its default, ``kafka``.
     chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
+    #: Every input must be redactable (``fx redact``): :class:`workload_sdk.InputWriter` (and
+    #: ``fx workload input``) store every input body as a chunk, sealed under the workload's
+    #: tenant key, however small, instead of inline (docs/security.md). Left out of the
+    #: canonical bytes when false.
+    redactable_inputs: bool = Field(default=False, exclude_if=lambda v: v is False)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:

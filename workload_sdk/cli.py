@@ -243,6 +243,7 @@ def _spec(args: argparse.Namespace) -> int:
         input_policy=InputPolicy(wait_ms=args.input_wait_ms, then=args.on_unresolvable,
                                  on_step_error=args.on_step_error),
         chunk_store=args.chunk_store,
+        redactable_inputs=args.redactable_inputs,
     )
     try:
         offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
@@ -799,6 +800,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="the chunk store every service of the workload uses: sys.chunks "
                       "(default) or a shared directory (a holder with another refuses to "
                       "start; docs/operations.md)")
+    spec.add_argument("--redactable-inputs", action="store_true",
+                      help="every input goes through a chunk (sealed under the workload's "
+                      "tenant key), however small, so fx redact can remove it early")
     spec.add_argument("--force", action="store_true",
                       help="write model hashes no node on sys.facts (and no --model-dir store) "
                       "holds; they are recorded on the spec as unchecked_models")
