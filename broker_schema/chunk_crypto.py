@@ -30,7 +30,7 @@ import base64
 import json
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from broker_schema.canonical import hex_of_hash
 from broker_schema.topics import check_workload_id
@@ -100,7 +100,11 @@ class KeyEntry:
             raise ChunkKeyError("tampered", f"not a chunk key entry: {exc}") from None
 
 
-def _aead(key: bytes):  # type: ignore[no-untyped-def]
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+
+def _aead(key: bytes) -> AESGCM:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     return AESGCM(key)

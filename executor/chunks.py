@@ -130,6 +130,9 @@ class FsChunkStore:
         try:
             return read_chunk_file(self.root, ref, workload=workload, keys=self.keys)
         except ChunkProblem as exc:
+            if exc.why == "missing":  # said without this machine's paths
+                raise OutcomeError("input_missing", f"no chunk {ref.hash} of workload "
+                                   f"{workload} in this executor's chunk store") from None
             raise _outcome(exc) from None
 
     def put_sync(self, data: bytes, *, workload: str,

@@ -143,8 +143,8 @@ def open_from_store(stored: bytes, entry: bytes | None, ref: ChunkRef, *, worklo
         tenant_key = keys.get(parsed.tenant, parsed.key_id)
         if tenant_key is None:
             raise ChunkProblem("redacted", f"{where} is redacted: tenant key "
-                               f"{parsed.tenant}/{parsed.key_id} is not in {keys.root} "
-                               "(destroyed, or never copied to this machine)")
+                               f"{parsed.tenant}/{parsed.key_id} is not in this machine's "
+                               "tenant key directory (destroyed, or never copied here)")
         data_key = unwrap(parsed, tenant_key, workload=workload, chunk_hash=ref.hash)
         plain = open_chunk(stored, data_key, workload=workload, chunk_hash=ref.hash)
     except ChunkKeyError as exc:
