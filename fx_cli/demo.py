@@ -337,6 +337,11 @@ def _walked_input(node: Any) -> dict[str, Any] | None:
     return None
 
 
+def _clip(text: str, keep: int = 90) -> str:
+    """``text``'s start and end (a long line's hashes in the middle left out)."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]} … {text[-keep:]}"
+
+
 def redaction(bootstrap: str, wid: str, gate_offset: int) -> bool:
     """Redact the file the gate command was decided from: replay stops clearly, why says
     redacted, the audit holds (docs/security.md)."""
@@ -350,17 +355,17 @@ def redaction(bootstrap: str, wid: str, gate_offset: int) -> bool:
          f"the workload's tenant key; an operator redacts it")
     red = _fx("redact", wid, "--input", str(offset), "--reason", "erasure request (demo)",
               "--by", "demo-operator", "--bootstrap", bootstrap)
-    _say("   $ fx redact ... -> " + (red.stdout or red.stderr).strip()[:220])
+    _say("   $ fx redact ... -> " + _clip((red.stdout or red.stderr).strip()))
     rp = _fx("replay", wid, "--module", MODULE, "--from-start", "--bootstrap", bootstrap)
     stop = (rp.stderr.strip().splitlines() or ["?"])[-1]
-    _say(f"   $ fx replay -> exit {rp.returncode}: {stop[:240]}")
+    _say(f"   $ fx replay -> exit {rp.returncode}: {_clip(stop)}")
     why = _fx("why", wid, "--output", str(gate_offset), "--bootstrap", bootstrap)
     marked = [line.strip() for line in why.stdout.splitlines() if "REDACTED" in line]
-    _say(f"   $ fx why -> exit {why.returncode}: " + (marked[0][:200] if marked else "?"))
+    _say(f"   $ fx why -> exit {why.returncode}: " + (_clip(marked[0]) if marked else "?"))
     audit = _fx("audit", wid, "--module", MODULE, "--bootstrap", bootstrap, timeout=300)
     noted = [line.strip() for line in audit.stdout.splitlines() if "redacted" in line]
     _say(f"   $ fx audit -> exit {audit.returncode} (" + ("holds; " if audit.returncode == 0
-         else "") + (noted[0][:160] if noted else "no note") + ")")
+         else "") + (_clip(noted[0]) if noted else "no note") + ")")
     return (red.returncode == 0 and rp.returncode == 5 and "is redacted" in rp.stderr
             and "Traceback" not in rp.stderr + why.stderr + audit.stderr
             and why.returncode == 0 and bool(marked) and audit.returncode == 0 and bool(noted))
