@@ -66,9 +66,10 @@ def read_chunk_file(root: Path, ref: ChunkRef, *, workload: str,
     except FileNotFoundError:
         entry = None
     reason = None
-    if entry is None:
-        with contextlib.suppress(OSError):
-            reason = (root / fs_redaction_relpath(workload, ref.hash)).read_text()[:500]
+    with contextlib.suppress(OSError):
+        reason = (root / fs_redaction_relpath(workload, ref.hash)).read_text()[:500]
+    if reason is not None:  # a redacted chunk stays redacted, whatever was put since
+        entry = None
     return open_from_store(stored, entry, ref, workload=workload, keys=keys or TenantKeys(),
                            redaction=reason)
 
@@ -94,6 +95,8 @@ def write_chunk_file(root: Path, data: bytes, *, workload: str,
     tenant_keys = keys or TenantKeys()
     # Only a file that really opens to these bytes makes the write unnecessary: a damaged file
     # (a flipped byte) is replaced, so a cache repaired from sys.chunks stays repaired.
+    if (root / fs_redaction_relpath(workload, ref.hash)).exists():
+        return ref  # redacted: putting the same bytes again does not bring them back
     if final.exists():
         with contextlib.suppress(ChunkProblem):
             read_chunk_file(root, ref, workload=workload, keys=tenant_keys)

@@ -137,6 +137,10 @@ def test_the_fs_store_seals_redacts_and_loses_a_tenant(tmp_path: Path) -> None:
     with pytest.raises(ChunkProblem) as redacted:
         read_chunk_file(root, ref, workload=WL, keys=keys)
     assert redacted.value.why == "redacted" and "gdpr art. 17" in redacted.value.message
+    # putting the same bytes again does not bring them back
+    write_chunk_file(root, DATA, workload=WL, keys=keys)
+    with pytest.raises(ChunkProblem):
+        read_chunk_file(root, ref, workload=WL, keys=keys)
     # another chunk of the tenant, then the tenant key destroyed: redacted too
     other = b"other bytes " * 50
     other_ref = write_chunk_file(root, other, workload=WL, keys=keys)
