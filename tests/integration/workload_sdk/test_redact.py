@@ -5,10 +5,10 @@ A workload reads two chunk inputs (one put by the executor's ``fx chunk put``, o
 holder's own writer); what ``sys.chunks`` holds is sealed (a broker admin reading the topic sees
 no plaintext). Then, as processes: ``fx redact`` one input (operator) -> ``fx replay`` stops with
 ``Redacted`` (exit 5), naming who and why, no traceback; ``fx why`` walks the output and marks
-the input REDACTED; ``fx audit`` still holds (exit 0) and notes the redaction; the other input
-still reads. ``fx tenant-keys rotate --destroy-old`` wraps the data keys again under a new key
-(the chunks untouched, the other input still reads); ``fx tenant-keys destroy`` redacts the
-whole tenant.
+the input REDACTED; ``fx audit`` still holds (exit 0) and notes the redaction; the console's
+why page marks it; the other input still reads. ``fx tenant-keys rotate --destroy-old`` wraps
+the data keys again under a new key (the chunks untouched, the other input still reads);
+``fx tenant-keys destroy`` redacts the whole tenant.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import TopicPartition
 
 from broker_schema import ChunkRef, OutputRecord, decode, sha256_hex, topics
 from broker_schema.chunks import parse_part_key
+from console.app import create_app
 from fx_kafka.client import make_consumer
 from workload_sdk._kafka_io import read_workload_log
 from workload_sdk._refs_io import KafkaChunks
@@ -129,6 +131,13 @@ async def test_redact_replay_why_audit_rotate_and_destroy_the_tenant(
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
     assert "redacted" in audit.stdout
     assert "Traceback" not in audit.stderr
+
+    # the console's why page says so on the input's box
+    transport = httpx.ASGITransport(app=create_app(kafka_bootstrap))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        page = await client.get(f"/w/{wid}/why/{secret_out}")
+    assert page.status_code == 200 and "REDACTED" in page.text
+    assert "erasure request 114" in page.text
 
     log = await read_workload_log(kafka_bootstrap, wid)
     assert ("in", secret_in) in log.redacted
