@@ -203,6 +203,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         out += _grant(op, T, topics.ALARMS, LIT, W)
         # the module store: fx workload deploy (code the holders will run)
         out += _grant(op, T, topics.MODULES, LIT, W, C)
+        # fx redact / fx tenant-keys: redaction records, key-entry tombstones, re-wrapped keys
+        out += _grant(op, T, topics.CHUNKS, LIT, W)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
         # the node key history, for its signature checks with a fleet key (read only)
