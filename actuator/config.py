@@ -45,12 +45,13 @@ ENV_PREFIX = "FX_ACTUATOR_"
 #: Where ``crash_at`` kills the gateway (SIGKILL to itself), in the order a command passes them:
 #: after deciding to admit and before writing ``accepted``; after ``accepted`` is acknowledged;
 #: after an at-most-once ``attempt`` is remembered, before the device write; after the device
-#: acknowledged the write (and was read back); after the response is acknowledged, before its
-#: offset is committed.
+#: acknowledged the write (and was read back); after what is remembered after the write
+#: (at-most-once ``done``, idempotent ``recent``) is acknowledged, before the response; after the
+#: response is acknowledged, before its offset is committed.
 CRASH_POINTS = ("before_accept", "after_accept", "after_attempt", "after_write",
-                "after_response")
+                "after_remember", "after_response")
 CrashPoint = Literal["before_accept", "after_accept", "after_attempt", "after_write",
-                     "after_response"]
+                     "after_remember", "after_response"]
 
 _Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
 _Register = Annotated[int, Field(ge=0, le=65535)]
@@ -123,6 +124,11 @@ class GatewayConfig(NodeConfig):
     group_prefix: str = "fx-actuator"
     key_file: Path = Field(default_factory=lambda: default_data_dir() / "gateway.key")
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8089
+    #: How many recent effect ids of ``idempotent`` commands the gateway remembers per device
+    #: (``recent`` entries on its memory topic): a repeat of one of them is not written to the
+    #: device again (docs/actuation.md, "Memory"); the oldest is forgotten (``cleared``) when a
+    #: newer one would make more.
+    idempotent_window: Annotated[int, Field(ge=1, le=1_000_000)] = 4096
     #: Fault injection for tests: SIGKILL this process at that point of the first command that
     #: reaches it (:data:`CRASH_POINTS`). Never set in production.
     crash_at: CrashPoint | None = None

@@ -23,17 +23,24 @@ in this order:
      so the lease lapses and the holder writes ``unknown`` and an alarm. Any other request with
      that id (a reissue): ``duplicate_effect``.
    - ``fenced``: ``stale_epoch`` when the device has executed a higher epoch of the workload.
-   - ``idempotent``: nothing to remember; repeating a set-point is harmless.
+   - ``idempotent``: the memory holds the device's recent effect ids (``recent``, a window of
+     :attr:`actuator.config.GatewayConfig.idempotent_window` per device). The same request read
+     again after a restart is answered again from memory (the device is not touched; judged
+     first, like at-most-once's ``done``); any other request with that original id (a reissue,
+     a copy) is refused ``duplicate_effect``. An id older than the window is forgotten: its
+     repeat is written again, which an idempotent set-point allows.
 
 Then the command runs (:mod:`actuator.runner`): ``accepted``; what :func:`remember_before`
 says (an ``attempt``, or a raised ``epoch``), acknowledged *before* the device write; the write
 and its read-back; what :func:`remember_after` says (``done``, or forgetting an attempt that
-changed nothing); the signed response (:func:`written_response`).
+changed nothing; an idempotent command's ``recent``, and ``cleared`` for the ids it pushes out of
+the window); the signed response (:func:`written_response`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -95,18 +102,28 @@ class Command:
 class Memory:
     """What the gateway remembers (its ``sys.actuator.<node>``, read back on start).
 
-    ``attempts``: original effect id -> its latest ``attempt`` or ``done`` entry;
-    ``epochs``: (device, workload) -> the highest epoch executed. Changed only by
-    :meth:`observe`, on the event-loop thread, for every record read back or acknowledged."""
+    ``attempts``: original effect id -> its latest ``attempt``, ``done`` or ``recent`` entry;
+    ``epochs``: (device, workload) -> the highest epoch executed; ``recent``: device -> the
+    original ids of its ``recent`` entries, oldest first (``window`` of them are kept: see
+    :func:`remember_after`). Changed only by :meth:`observe`, on the event-loop thread, for
+    every record read back or acknowledged."""
 
     attempts: dict[str, ActuatorMemoryRecord] = field(default_factory=dict)
     epochs: dict[tuple[str, str], int] = field(default_factory=dict)
+    recent: dict[str, OrderedDict[str, None]] = field(default_factory=dict)
+    window: int = 4096
 
     def observe(self, record: ActuatorMemoryRecord) -> None:
         """Take in one memory record (read back on start, or just acknowledged)."""
         if record.entry == "cleared":
             if record.effect_id is not None:
                 self.attempts.pop(record.effect_id, None)
+                self.recent.get(record.device, OrderedDict()).pop(record.effect_id, None)
+        elif record.entry == "recent" and record.effect_id is not None:
+            self.attempts[record.effect_id] = record
+            ids = self.recent.setdefault(record.device, OrderedDict())
+            ids[record.effect_id] = None
+            ids.move_to_end(record.effect_id)
         elif record.entry == "epoch":
             where = (record.device, record.workload_id)
             self.epochs[where] = max(self.epochs.get(where, 0), record.epoch)
@@ -137,7 +154,7 @@ class GatewayState:
         self.device_info = ExecutorInfo(node_id=config.node_id, engine="pymodbus",
                                         engine_version=_version("pymodbus"),
                                         device_class="modbus-tcp")
-        self.memory = Memory()
+        self.memory = Memory(window=config.idempotent_window)
 
 
 @dataclass(frozen=True)
@@ -234,6 +251,16 @@ def memory_verdict(memory: Memory, request: EffectRequest, command: Command,
         return ("refuse", "duplicate_effect",
                 f"{request.original_id} {what} (as {seen.request_effect_id}): an at-most-once "
                 "command is not repeated")
+    if guarantee == "idempotent":
+        seen = memory.attempts.get(request.original_id)
+        if seen is None or seen.entry != "recent":
+            return ("run",)
+        if seen.request_effect_id == request.effect_id:
+            return ("reanswer", seen)
+        return ("refuse", "duplicate_effect",
+                f"{request.original_id} was written to {seen.device} (as "
+                f"{seen.request_effect_id}) and is among its recent idempotent commands: a "
+                "repeat is not sent to the device again")
     if guarantee == "fenced":
         highest = memory.highest_epoch(command.device, request.header.workload_id)
         if request.header.epoch < highest:
@@ -260,13 +287,16 @@ def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition
     served = state.kinds.get(kind)
     if served is None:
         return Ignore(f"kind {kind} is not served here")
-    if served.guarantee == "at-most-once" and request.effect_id not in state.base.in_flight:
+    if served.guarantee in ("at-most-once", "idempotent") and \
+            request.effect_id not in state.base.in_flight:
         seen = state.memory.attempts.get(request.original_id)
-        if seen is not None and seen.request_effect_id == request.effect_id:
+        ours = ("recent",) if served.guarantee == "idempotent" else ("attempt", "done")
+        if seen is not None and seen.request_effect_id == request.effect_id and \
+                seen.entry in ours:
             # The very request, read again after a restart: what the memory knows comes before
             # every other rule, since any refusal now (deadline_passed, stale_epoch...) would
             # say that nothing was done, and the command may have acted.
-            if seen.entry == "done":
+            if seen.entry in ("done", "recent"):
                 return Reanswer(remembered_response(state, request, offset, seen, now_us,
                                                     request_hash=request_hash))
             return Leave(_in_doubt(request))
@@ -309,7 +339,8 @@ def decide(state: GatewayState, request: EffectRequest, *, topic: str, partition
 def remembered_response(state: GatewayState, request: EffectRequest, offset: int,
                         done: ActuatorMemoryRecord, now_us: int, *,
                         request_hash: str | None = None) -> ResponseRecord:
-    """The ``ok`` response of an at-most-once command done before a restart (from memory)."""
+    """The ``ok`` response of an at-most-once (``done``) or idempotent (``recent``) command
+    done before a restart (from memory)."""
     return ResponseRecord(
         effect_id=request.effect_id, header=request.header, request_offset=offset,
         outcome="ok", output=done.output, executor=state.device_info,
@@ -318,7 +349,7 @@ def remembered_response(state: GatewayState, request: EffectRequest, offset: int
 
 
 def _entry(state: GatewayState, job: InFlight, command: Command,
-           entry: Literal["attempt", "done", "cleared", "epoch"], now_us: int,
+           entry: Literal["attempt", "done", "cleared", "epoch", "recent"], now_us: int,
            output: InlineBody | None = None) -> ActuatorMemoryRecord:
     request = job.request
     return ActuatorMemoryRecord(
@@ -346,7 +377,23 @@ def remember_after(state: GatewayState, job: InFlight, command: Command, guarant
                    now_us: int) -> list[ActuatorMemoryRecord]:
     """What to remember once the device answered: for at-most-once, ``done`` with the
     response's output when the device took the write (``changed``), else ``cleared``, so that a
-    command that never reached the device does not count as a repeat."""
+    command that never reached the device does not count as a repeat. For idempotent, when the
+    device took it: ``recent`` with the output, and ``cleared`` for the device's oldest recent
+    ids beyond the memory's window."""
+    if guarantee == "idempotent":
+        if not changed:
+            return []
+        output = response.output if isinstance(response.output, InlineBody) else None
+        new = _entry(state, job, command, "recent", now_us, output=output)
+        ids = [i for i in state.memory.recent.get(command.device, OrderedDict())
+               if i != new.effect_id]
+        excess = len(ids) + 1 - state.memory.window
+        evicted = [state.memory.attempts[i] for i in ids[:max(0, excess)]
+                   if i in state.memory.attempts]
+        return [new, *(ActuatorMemoryRecord(
+            node_id=state.node_id, entry="cleared", device=old.device,
+            workload_id=old.workload_id, epoch=old.epoch, effect_id=old.effect_id,
+            request_effect_id=old.request_effect_id, written_us=now_us) for old in evicted)]
     if guarantee != "at-most-once":
         return []
     if not changed:

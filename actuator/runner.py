@@ -13,8 +13,10 @@ ask :func:`actuator.core.decide`, then
   settled and committed.
 
 A restart (kill -9 at any point) reads every request whose offset was not committed again.
-Idempotent and fenced commands are simply run again (a set-point repeated is harmless; the epoch
-check still applies). An at-most-once command is looked up in the memory read back at start:
+An idempotent command whose ``recent`` entry was remembered is answered again from memory without
+touching the device; one without (killed before the device write, or after it and before the
+entry) and fenced commands are run again (a set-point repeated is harmless; the epoch check
+still applies). An at-most-once command is looked up in the memory read back at start:
 ``done`` is answered again from memory without touching the device, an ``attempt`` without ``done``
 is left unanswered (the device may have acted and nobody knows): its lease lapses, the lease holder
 writes ``unknown`` and, for an at-most-once kind, an alarm. A write whose answer never came (a
@@ -319,6 +321,7 @@ class DeviceRunner:
                                     started_us=started_us, finished_us=_now_us())
         await self._remember(remember_after(state, job, command, guarantee, response,
                                             changed=True, now_us=_now_us()))
+        self._crash("after_remember")
         return response, None
 
     async def _read_back_alarm(self, ex: Execute, device: ModbusDevice,

@@ -33,6 +33,7 @@ __all__ = [
     "check_chunk",
     "chunk_ref_of",
     "fs_relpath",
+    "join_parts",
     "parse_part_key",
     "part_headers",
     "part_key",
@@ -45,10 +46,12 @@ PART_BYTES = 1_000_000
 
 
 class ChunkProblem(ValueError):
-    """A chunk that cannot be read back: ``missing`` (not there, or a part of it is not) or
-    ``mismatch`` (its bytes do not hash to the reference, or have another size)."""
+    """A chunk that cannot be read back: ``missing`` (not there, or a part of it is not),
+    ``mismatch`` (its bytes do not hash to the reference, or have another size, or a sealed
+    chunk does not open: :mod:`broker_schema.chunk_crypto`) or ``redacted`` (its data key or its
+    tenant key was destroyed: ``fx redact``)."""
 
-    def __init__(self, why: Literal["missing", "mismatch"], message: str) -> None:
+    def __init__(self, why: Literal["missing", "mismatch", "redacted"], message: str) -> None:
         super().__init__(message)
         self.why = why
         self.message = message
@@ -117,6 +120,14 @@ def assemble(ref: ChunkRef, workload: str, parts: Mapping[int, bytes], total: in
     in all, None when no part was seen), hash-checked. :class:`ChunkProblem` (``missing``) when
     a part is not there, naming the chunk and ``where`` it was looked for; ``mismatch`` when the
     bytes are not the reference's."""
+    return check_chunk(ref, join_parts(ref, workload, parts, total, where=where))
+
+
+def join_parts(ref: ChunkRef, workload: str, parts: Mapping[int, bytes], total: int | None, *,
+               where: str) -> bytes:
+    """The stored bytes of ``workload``'s chunk ``ref`` from its parts, not checked (sealed
+    chunks are opened, then checked: :func:`fx_kafka.tenant_keys.open_from_store`);
+    :class:`ChunkProblem` (``missing``) as :func:`assemble`."""
     if total is None:
         raise ChunkProblem("missing", f"no chunk {ref.hash} ({ref.size} B) of workload "
                            f"{workload} {where}")
@@ -124,4 +135,4 @@ def assemble(ref: ChunkRef, workload: str, parts: Mapping[int, bytes], total: in
     if absent:
         raise ChunkProblem("missing", f"chunk {ref.hash} ({ref.size} B) of workload {workload} "
                            f"lacks part(s) {absent[:8]} of {total} {where}")
-    return check_chunk(ref, b"".join(parts[i] for i in range(total)))
+    return b"".join(parts[i] for i in range(total))

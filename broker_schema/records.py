@@ -569,6 +569,11 @@ class SpecRecord(_Model):
     #: ``fx log``); only the hash is compared. Left out of the canonical bytes when empty.
     model_names: dict[Hash, ModelName] = Field(default_factory=dict, exclude_if=lambda v: not v,
                                                max_length=256)
+    #: Every input must be redactable (``fx redact``): :class:`workload_sdk.InputWriter` (and
+    #: ``fx workload input``) store every input body as a chunk, sealed under the workload's
+    #: tenant key, however small, instead of inline (docs/security.md). Left out of the
+    #: canonical bytes when false.
+    redactable_inputs: bool = Field(default=False, exclude_if=lambda v: v is False)
 
     @model_validator(mode="after")
     def _check_switches(self) -> Self:
@@ -1159,6 +1164,29 @@ class SkipOrderRecord(_Model):
     ordered_us: Micros
 
 
+class RedactionRecord(_Model):
+    """An operator's redaction of one input's chunk (``fx redact``), on ``sys.chunks`` keyed
+    ``<workload>/<hash>/redaction`` (:func:`broker_schema.chunk_crypto.redaction_key`; never
+    tombstoned, so compaction keeps it), and in a filesystem store beside the chunk.
+
+    The chunk's key entry is destroyed with it: the sealed chunk no longer opens, its content
+    address (``chunk_hash``, the plaintext's sha256) still verifies every record that names it.
+    Replay, ``fx why``, the audit, shadow and the console meet the input as ``Redacted``.
+    ``whole_tenant``: the tenant's keys were destroyed (every chunk of the workload)."""
+
+    kind: Literal["redaction"] = "redaction"
+    v: Literal[1] = SCHEMA_VERSION
+    workload_id: WorkloadId
+    #: the input's offset on ``.in`` (None for a whole tenant)
+    input_offset: Offset | None = None
+    chunk_hash: Hash | None = None
+    reason: Annotated[str, Field(min_length=1, max_length=4096)]
+    #: who redacted it: the SASL user on a secured broker, else the operator's name
+    principal: NodeId
+    whole_tenant: bool = Field(default=False, exclude_if=lambda v: v is False)
+    redacted_us: Micros
+
+
 class SkipAlarmRecord(_Model):
     """An alarm for a person, on ``sys.alarms``: an input was skipped (``MergeEntry.skip``).
 
@@ -1201,13 +1229,16 @@ class ActuatorMemoryRecord(_Model):
     ``output`` is what its response said), ``cleared`` (the same command ended without reaching
     the device, unreachable or refused by it: a later request with that id is no repeat),
     ``epoch`` (a ``fenced`` device's highest epoch for one workload, keyed by device and
-    workload). The key of each record is :meth:`key`, so
+    workload), ``recent`` (an ``idempotent`` command written and read back, with its output:
+    one of the device's recent effect ids, forgotten again with ``cleared`` once more than the
+    gateway's window of later ones were remembered for the device). The key of each record is
+    :meth:`key`, so
     compaction keeps the latest per key; the gateway reads the topic back on start."""
 
     kind: Literal["actuator_memory"] = "actuator_memory"
     v: Literal[1] = SCHEMA_VERSION
     node_id: NodeId
-    entry: Literal["attempt", "done", "cleared", "epoch"]
+    entry: Literal["attempt", "done", "cleared", "epoch", "recent"]
     device: Annotated[str, Field(min_length=1, max_length=200)]
     workload_id: WorkloadId
     epoch: Epoch
@@ -1222,8 +1253,8 @@ class ActuatorMemoryRecord(_Model):
     def _check_entry(self) -> Self:
         if (self.entry == "epoch") != (self.effect_id is None):
             raise ValueError("effect_id is required exactly when entry is not 'epoch'")
-        if self.entry != "done" and self.output is not None:
-            raise ValueError("only a 'done' entry carries output")
+        if self.entry not in ("done", "recent") and self.output is not None:
+            raise ValueError("only a 'done' or 'recent' entry carries output")
         for value in (self.effect_id, self.request_effect_id):
             if value is not None:
                 parse_effect_id(value)
@@ -1335,7 +1366,8 @@ Record = Annotated[
     | ModelRecord
     | ModelAliasRecord
     | SkipOrderRecord
-    | SkipAlarmRecord,
+    | SkipAlarmRecord
+    | RedactionRecord,
     Field(discriminator="kind"),
 ]
 

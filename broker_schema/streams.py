@@ -31,6 +31,7 @@ from broker_schema.records import (
     ModelRecord,
     ModuleRecord,
     OutputRecord,
+    RedactionRecord,
     RejectedRecord,
     ResponseRecord,
     ShadowEvalRecord,
@@ -96,6 +97,8 @@ SYSTEM_RECORDS: dict[str, tuple[type[BaseModel], ...]] = {
     topics.ALARMS: (AlarmRecord, AlarmAckRecord, SkipAlarmRecord),
     topics.MODULES: (ModuleRecord,),
     topics.MODELS: (ModelRecord, ModelAliasRecord),
+    # beside the chunks' parts and key entries (raw bytes, not records): the redactions
+    topics.CHUNKS: (RedactionRecord,),
 }
 #: What each actuator gateway's memory topic (``sys.actuator.<node id>``) holds.
 ACTUATOR_RECORDS: tuple[type[BaseModel], ...] = (ActuatorMemoryRecord,)

@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from broker_schema import DecodeError, FactsRecord, ResponseRecord, decode, topics
+from broker_schema import ChunkRef, DecodeError, FactsRecord, ResponseRecord, decode, topics
 from broker_schema.key_history import node_keys
 from console import views
 from console.store import Cluster
@@ -203,6 +203,11 @@ def create_app(bootstrap: str, *, store: Path | None = None, artifact: Path | No
             return page(request, "why.html", wid=cached.log.workload_id, offset=off,
                         tree=None, graph=None, gap=str(exc))
         wl = cached.log.workload_id
+        for node in views.walked_inputs(tree):  # a redacted input is said on the page
+            if node["body"].get("type") == "chunk":
+                why_not = await cluster.chunk_redacted(wl, ChunkRef.model_validate(node["body"]))
+                if why_not is not None:
+                    node["redacted"] = why_not
 
         def link(stream: str, o: int) -> str:
             return f"/w/{wl}/r/{stream}/{o}"

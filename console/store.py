@@ -13,9 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_schema import DecodeError, FactsRecord, decode, topics
+from broker_schema import ChunkRef, DecodeError, FactsRecord, decode, topics
+from broker_schema.chunks import ChunkProblem
+from broker_schema.refs import chunk_owner
 from console.views import Row, row_of
 from fx_kafka.client import make_consumer
+from fx_kafka.refs import ChunkTopicReader
 from fx_kafka.workload_log import LogRecord, TopicView, WorkloadLog, read_topic
 from workload_sdk.log_rows import named
 
@@ -51,6 +54,20 @@ class Cluster:
         self._system: dict[str, CachedTopic] = {}
         self._topics: tuple[float, set[str]] = (0.0, set())
         self._lock = asyncio.Lock()
+        #: the sys.chunks reader of the why pages (started on first use; its index is kept, so
+        #: a later page reads only what was appended since)
+        self._chunks: ChunkTopicReader | None = None
+
+    async def chunk_redacted(self, workload: str, ref: ChunkRef) -> str | None:
+        """Why ``workload``'s chunk ``ref`` is redacted (``fx redact``, or its tenant key
+        gone), or None when it is not (readable, or unreadable for another reason)."""
+        if self._chunks is None:
+            reader = ChunkTopicReader(self.bootstrap)
+            await reader.start()
+            self._chunks = reader
+        key = (chunk_owner(ref, workload), ref.hash)
+        got = (await self._chunks.read({key: ref}))[key]
+        return got.message if isinstance(got, ChunkProblem) and got.why == "redacted" else None
 
     async def topic_names(self) -> set[str]:
         """The cluster's topic names (cached for ``refresh_s``)."""

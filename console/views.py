@@ -300,6 +300,21 @@ def _sig_verdict(sig: Mapping[str, Any]) -> tuple[str, str]:
     return "not checked", "warn"
 
 
+def walked_inputs(tree: Any) -> list[dict[str, Any]]:
+    """The ``input`` nodes a why tree reaches (to mark the redacted ones)."""
+    found: list[dict[str, Any]] = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == "input" and isinstance(value, dict) and "source" in value:
+                found.append(value)
+            else:
+                found.extend(walked_inputs(value))
+    elif isinstance(tree, list):
+        for value in tree:
+            found.extend(walked_inputs(value))
+    return found
+
+
 def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
     """Lay out the tree of :func:`workload_sdk._why.why` as boxes: the chain from the output
     down to the input bytes in the left column, the binding in force (claim, spec, models) and
@@ -345,10 +360,11 @@ def why_graph(tree: Mapping[str, Any], link: Any = None) -> Graph:
             b = i["body"]
             inputs.append({"offset": i["offset"], "sha256": b.get("bytes_sha256"),
                            "size": b.get("size")})
-            main.append(Box(f"input{depth}", f"input .in@{i['offset']}",
-                            [f"source {i['source']}",
-                             f"{b.get('size')} bytes {b.get('bytes_sha256')}",
-                             f"{b.get('encoding')} {short(b.get('data'), 50)}"],
+            lines = [f"source {i['source']}", f"{b.get('size')} bytes {b.get('bytes_sha256')}",
+                     f"{b.get('encoding')} {short(b.get('data'), 50)}"]
+            if i.get("redacted"):
+                lines = [f"REDACTED: {short(i['redacted'], 80)}", *lines]
+            main.append(Box(f"input{depth}", f"input .in@{i['offset']}", lines,
                             "input", href("in", i["offset"])))
             return
         r = node["response"]

@@ -22,8 +22,13 @@ Two backends with one interface (:class:`ChunkStore`):
   topic from the start, and catches up to the end offset on a miss. Fine for request/response
   bodies (kilobytes to megabytes); model files (gigabytes) stay in the model store.
 
-Every read is hash-checked: a missing chunk raises ``input_missing``, one whose bytes do not hash
-to the reference (or have the wrong size) ``input_hash_mismatch``.
+Chunks are stored sealed (AES-GCM under a data key per chunk, wrapped by the workload's tenant
+key: :mod:`broker_schema.chunk_crypto`, :mod:`fx_kafka.tenant_keys`). Every read is opened and
+hash-checked: a missing chunk raises ``input_missing``, a redacted one (its key entry destroyed
+by ``fx redact``, or its tenant key gone) ``input_missing`` saying so, one whose bytes do not
+open or hash to the reference (or have the wrong size) ``input_hash_mismatch``. The Kafka
+store asks the topic for the chunk's key entry on every read, so a redaction there reaches
+every executor's cache.
 
 Chunks written before the store was per workload (``<dir>/sha256/<hex>``, keys
 ``<hash>/<i>/<n>``) belong to no workload and are never read; store them again with
@@ -39,6 +44,7 @@ from typing import Any, Protocol
 
 from broker_schema import topics
 from broker_schema.canonical import is_hash
+from broker_schema.chunk_crypto import key_entry_key, parse_key_entry_key
 from broker_schema.chunks import (
     PART_BYTES,
     ChunkProblem,
@@ -49,9 +55,11 @@ from broker_schema.chunks import (
     split_parts,
 )
 from broker_schema.chunks import check_chunk as _check_chunk
+from broker_schema.codec import decode
 from broker_schema.records import ChunkRef
 from broker_schema.topics import check_workload_id
-from fx_kafka.chunk_files import write_chunk_file
+from fx_kafka.chunk_files import read_chunk_file, store_files, stored_files, write_chunk_file
+from fx_kafka.tenant_keys import TenantKeys, open_from_store
 from fx_node.errors import OutcomeError
 
 __all__ = ["PART_BYTES", "ChunkStore", "FsChunkStore", "KafkaChunkStore", "check_chunk"]
@@ -67,11 +75,25 @@ def check_chunk(ref: ChunkRef, data: bytes) -> bytes:
         raise OutcomeError("input_hash_mismatch", exc.message) from None
 
 
+def _outcome(exc: ChunkProblem) -> OutcomeError:
+    return OutcomeError("input_hash_mismatch" if exc.why == "mismatch" else "input_missing",
+                        exc.message)
+
+
 def _workload(workload: str) -> str:
     try:
         return check_workload_id(workload)
     except ValueError as exc:
         raise OutcomeError("input_missing", str(exc)) from None
+
+
+def _reason(value: bytes) -> str:
+    """What a redaction record on ``sys.chunks`` says (its reason and who), for messages."""
+    try:
+        record = decode(value)
+        return f"redacted by {getattr(record, 'principal', '?')}: {getattr(record, 'reason', '')}"
+    except Exception:  # a record this version cannot read still means redacted
+        return "redacted"
 
 
 class ChunkStore(Protocol):
@@ -92,8 +114,9 @@ class ChunkStore(Protocol):
 class FsChunkStore:
     """Chunks as files under ``root/wl/<workload>/sha256/``."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, keys: TenantKeys | None = None) -> None:
         self.root = Path(root)
+        self.keys = keys or TenantKeys()
 
     def path(self, chunk_hash: str, workload: str) -> Path:
         """The file of ``workload``'s chunk ``chunk_hash``."""
@@ -103,18 +126,20 @@ class FsChunkStore:
 
     def get_sync(self, ref: ChunkRef, *, workload: str) -> bytes:
         """Blocking :meth:`get`."""
+        self.path(ref.hash, workload)  # a bad hash or workload id: input_missing
         try:
-            data = self.path(ref.hash, workload).read_bytes()
-        except FileNotFoundError:
-            raise OutcomeError("input_missing", f"no chunk {ref.hash} of workload {workload} "
-                               "in this executor's chunk store") from None
-        return check_chunk(ref, data)
+            return read_chunk_file(self.root, ref, workload=workload, keys=self.keys)
+        except ChunkProblem as exc:
+            if exc.why == "missing":  # said without this machine's paths
+                raise OutcomeError("input_missing", f"no chunk {ref.hash} of workload "
+                                   f"{workload} in this executor's chunk store") from None
+            raise _outcome(exc) from None
 
     def put_sync(self, data: bytes, *, workload: str,
                  media_type: str | None = None) -> ChunkRef:
         """Blocking :meth:`put` (:func:`fx_kafka.chunk_files.write_chunk_file`)."""
         return write_chunk_file(self.root, data, workload=_workload(workload),
-                                media_type=media_type)
+                                media_type=media_type, keys=self.keys)
 
     def has(self, chunk_hash: str, workload: str) -> bool:
         """Whether a file for ``workload``'s ``chunk_hash`` is there (not checked)."""
@@ -152,6 +177,10 @@ class KafkaChunkStore:
         #: (workload, chunk hash) -> {part index: offset}, and the part count.
         self._index: dict[tuple[str, str], dict[int, int]] = {}
         self._parts: dict[tuple[str, str], int] = {}
+        #: (workload, chunk hash) -> its key entry on the topic (None: tombstoned, redacted),
+        #: and the reason of its redaction record
+        self._keys: dict[tuple[str, str], bytes | None] = {}
+        self._redactions: dict[tuple[str, str], str] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -180,13 +209,19 @@ class KafkaChunkStore:
         """Write every part (acks=all) unless the index already has ``workload``'s chunk; cache
         locally."""
         ref = await self.cache.put(data, workload=workload, media_type=media_type)
-        if (workload, ref.hash) in self._parts:
+        if (workload, ref.hash) in self._parts and self._keys.get((workload, ref.hash)):
             return ref
-        parts = split_parts(data)
+        # the cache's sealed bytes and key entry go to the topic as they are
+        stored, entry = await asyncio.to_thread(stored_files, self.cache.root, workload,
+                                                ref.hash)
+        parts = split_parts(stored)
         total = len(parts)
         futures = []
+        if entry is not None:
+            futures.append(await self.producer.send(
+                self.topic, value=entry, key=key_entry_key(workload, ref.hash)))
         for i, part in enumerate(parts):
-            headers = part_headers(workload, ref.hash, i, total, len(data))
+            headers = part_headers(workload, ref.hash, i, total, len(stored))
             futures.append(
                 await self.producer.send(
                     self.topic, value=part, key=part_key(workload, ref.hash, i, total),
@@ -198,23 +233,41 @@ class KafkaChunkStore:
         return ref
 
     async def get(self, ref: ChunkRef, *, workload: str) -> bytes:
-        """From the cache, else from ``sys.chunks`` (catching the index up first)."""
+        """From the cache, else from ``sys.chunks`` (catching the index up first, always: a
+        chunk whose key entry the topic no longer holds is redacted, cached or not)."""
+        if self._consumer is None:
+            raise OutcomeError("input_missing", "the Kafka chunk store is not started")
+        key = (workload, ref.hash)
+        async with self._lock:
+            await self._catch_up(key)
+            self._check_redacted(key, ref)
         if self.cache.has(ref.hash, workload):
             try:
                 return await self.cache.get(ref, workload=workload)
             except OutcomeError:
-                log.warning("cached chunk %s of %s fails its hash; reading it from %s",
-                            ref.hash, workload, self.topic)
-        if self._consumer is None:
-            raise OutcomeError("input_missing", "the Kafka chunk store is not started")
+                log.warning("cached chunk %s of %s does not open or fails its hash; reading "
+                            "it from %s", ref.hash, workload, self.topic)
         async with self._lock:
-            data = await self._read((workload, ref.hash))
-        if data is None:
+            stored = await self._read(key)
+            self._check_redacted(key, ref)
+        if stored is None:
             raise OutcomeError("input_missing",
                                f"no chunk {ref.hash} of workload {workload} on {self.topic}")
-        check_chunk(ref, data)
-        await self.cache.put(data, workload=workload, media_type=ref.media_type)
+        entry = self._keys.get(key)
+        try:
+            data = open_from_store(stored, entry, ref, workload=workload, keys=self.cache.keys,
+                                   redaction=self._redactions.get(key))
+        except ChunkProblem as exc:
+            raise _outcome(exc) from None
+        await asyncio.to_thread(store_files, self.cache.root, workload, ref.hash, stored, entry)
         return data
+
+    def _check_redacted(self, key: tuple[str, str], ref: ChunkRef) -> None:
+        if (key in self._keys and self._keys[key] is None) or key in self._redactions:
+            why = self._redactions.get(key)
+            raise OutcomeError("input_missing", f"chunk {ref.hash} of workload {key[0]} is "
+                               "redacted: its data key was destroyed"
+                               + (f" ({why})" if why else ""))
 
     async def _catch_up(self, wanted: tuple[str, str]) -> dict[int, bytes]:
         """Read to the end offset, indexing every part; return the parts of ``wanted`` seen."""
@@ -223,6 +276,14 @@ class KafkaChunkStore:
         while await self._consumer.position(self._tp) < end:
             batch = await self._consumer.getmany(self._tp, timeout_ms=1000)
             for msg in batch.get(self._tp, []):
+                other = parse_key_entry_key(msg.key)
+                if other is not None:
+                    w, h, what = other
+                    if what == "key":
+                        self._keys[(w, h)] = msg.value
+                    elif msg.value is not None:
+                        self._redactions[(w, h)] = _reason(msg.value)
+                    continue
                 parsed = parse_part_key(msg.key)
                 if parsed is None:
                     continue

@@ -14,6 +14,10 @@
 4. Replay from the log alone reproduces every output byte for byte, without a model or device.
 5. ``fx why`` walks from a gate command whose register write was answered back to the uploaded
    file's bytes and the model, and checks the executor's signature.
+   Redaction: the spec makes every upload redactable (each is a chunk sealed under the
+   workload's tenant key); ``fx redact`` destroys the walked file's data key; ``fx replay``
+   stops there (``Redacted``, exit 5), ``fx why`` marks the input REDACTED (its hash still
+   verifies), ``fx audit`` holds.
 6. The integer engine: SmolLM2-135M is converted once into the committed integer artifact and
    imported by its modelHash; a workload asks it questions through the executor; every answer
    carries a signed, hash-chained receipt, and ``fx verify --workload`` re-executes each one on
@@ -197,7 +201,7 @@ def _bodies(wlog: Any) -> list[dict[str, Any]]:
 async def the_story(bootstrap: str, work: Path) -> bool:
     """Executor + actuator gateway + lease holder + magika + a Modbus gate; replay; why."""
     from actuator.sim import SimulatedDevice
-    from workload_sdk import compare_outputs, out_slots, replay
+    from workload_sdk import InputWriter, compare_outputs, out_slots, replay
     from workload_sdk.examples.filetype_gate import GATE_KIND, FiletypeGate
     from workload_sdk.testing import WorkloadHarness, executor_available
 
@@ -223,7 +227,8 @@ async def the_story(bootstrap: str, work: Path) -> bool:
                                    effect_kinds=(bs.INFERENCE_KIND, GATE_KIND),
                                    models={"filetype": model_hash},
                                    guarantees={GATE_KIND: "at-most-once"},
-                                   executor_lease_ms=5_000, log_dir=work) as h:
+                                   executor_lease_ms=5_000, redactable_inputs=True,
+                                   log_dir=work) as h, InputWriter(bootstrap, wid) as uploads:
             executor = h.start_executor("--config", str(work / "executor.json"))
             gateway = h.start_gateway("--config", str(work / "gateway.json"))
             if not await _wait_text(work / "gateway.log", "partitions assigned"):
@@ -245,8 +250,8 @@ async def the_story(bootstrap: str, work: Path) -> bool:
                     await asyncio.sleep(0.5)
                 return None
 
-            for name in names[:-1]:
-                await h.send_input(files[name], source=name)
+            for name in names[:-1]:  # each a sealed chunk (the spec's redactable_inputs)
+                await uploads.write(files[name], source=name)
             if await gated(len(names) - 1) is None:
                 _say("   the run did not finish; see " + str(work))
                 return False
@@ -260,7 +265,7 @@ async def the_story(bootstrap: str, work: Path) -> bool:
                                        name="gateway-crash")
             if not await _wait_text(work / "gateway-crash.log", "partitions assigned"):
                 return False
-            await h.send_input(files[names[-1]], source=names[-1])
+            await uploads.write(files[names[-1]], source=names[-1])
             await asyncio.to_thread(crashing.wait, 120)
             _say(f"   gateway exit code {crashing.returncode} (-9: killed); the gate register "
                  f"reads {gate.register(GATE_REGISTER)}")
@@ -317,7 +322,53 @@ async def the_story(bootstrap: str, work: Path) -> bool:
     for line in why.stdout.splitlines()[:40]:
         _say("   " + line)
     ok &= why.returncode == 0
-    return ok
+    return ok and redaction(bootstrap, wid, gate_offset)
+
+
+def _walked_input(node: Any) -> dict[str, Any] | None:
+    """The first input a ``fx why --json`` tree reaches."""
+    if isinstance(node, dict):
+        if "input" in node and isinstance(node["input"], dict) and "source" in node["input"]:
+            return node["input"]
+        for value in node.values():
+            found = _walked_input(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _clip(text: str, keep: int = 90) -> str:
+    """``text``'s start and end (a long line's hashes in the middle left out)."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]} … {text[-keep:]}"
+
+
+def redaction(bootstrap: str, wid: str, gate_offset: int) -> bool:
+    """Redact the file the gate command was decided from: replay stops clearly, why says
+    redacted, the audit holds (docs/security.md)."""
+    walked = _walked_input(json.loads(_fx("why", wid, "--output", str(gate_offset), "--json",
+                                          "--bootstrap", bootstrap).stdout or "{}"))
+    if walked is None:
+        _say("   fx why reached no input")
+        return False
+    offset = walked["offset"]
+    _say(f"   redaction: {walked['source']} (.in@{offset}) was uploaded as a chunk sealed under "
+         f"the workload's tenant key; an operator redacts it")
+    red = _fx("redact", wid, "--input", str(offset), "--reason", "erasure request (demo)",
+              "--by", "demo-operator", "--bootstrap", bootstrap)
+    _say("   $ fx redact ... -> " + _clip((red.stdout or red.stderr).strip()))
+    rp = _fx("replay", wid, "--module", MODULE, "--from-start", "--bootstrap", bootstrap)
+    stop = (rp.stderr.strip().splitlines() or ["?"])[-1]
+    _say(f"   $ fx replay -> exit {rp.returncode}: {_clip(stop)}")
+    why = _fx("why", wid, "--output", str(gate_offset), "--bootstrap", bootstrap)
+    marked = [line.strip() for line in why.stdout.splitlines() if "REDACTED" in line]
+    _say(f"   $ fx why -> exit {why.returncode}: " + (_clip(marked[0]) if marked else "?"))
+    audit = _fx("audit", wid, "--module", MODULE, "--bootstrap", bootstrap, timeout=300)
+    noted = [line.strip() for line in audit.stdout.splitlines() if "redacted" in line]
+    _say(f"   $ fx audit -> exit {audit.returncode} (" + ("holds; " if audit.returncode == 0
+         else "") + (_clip(noted[0]) if noted else "no note") + ")")
+    return (red.returncode == 0 and rp.returncode == 5 and "is redacted" in rp.stderr
+            and "Traceback" not in rp.stderr + why.stderr + audit.stderr
+            and why.returncode == 0 and bool(marked) and audit.returncode == 0 and bool(noted))
 
 
 async def the_integer_engine(bootstrap: str, work: Path) -> bool:

@@ -207,6 +207,8 @@ def plan_acls(roles: Roles, workloads: Iterable[str] = ()) -> list[AclBinding]:
         # else writes it, and nothing but the operator's commands reads it (a record carries
         # the hash a name resolved to, so no service needs the registry)
         out += _grant(op, T, topics.MODELS, LIT, W, C)
+        # fx redact / fx tenant-keys: redaction records, key-entry tombstones, re-wrapped keys
+        out += _grant(op, T, topics.CHUNKS, LIT, W)
     if roles.holder:
         out += _grant(_user(roles.holder), T, topics.FACTS, LIT, R, D)
         # the node key history, for its signature checks with a fleet key (read only)

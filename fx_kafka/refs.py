@@ -7,8 +7,12 @@ which writes the same files, :mod:`fx_kafka.chunk_files`); the chunk format is
 - :class:`ChunkTopicReader`: reads the parts of a set of wanted chunks in one pass over
   ``sys.chunks`` (read_committed), keeping an index (key -> offset) so a later call reads only
   what was appended since, and seeks back for parts it indexed before. A tombstone (a part with
-  a null value) deletes that part.
-- :func:`write_chunk`: writes a chunk's parts (acks=all) with a plain producer.
+  a null value) deletes that part. Chunks are sealed (:mod:`broker_schema.chunk_crypto`): the
+  reader keeps each chunk's key entry (``<workload>/<hash>/key``) and redaction record, and opens
+  what it assembles with the local tenant keys (:mod:`fx_kafka.tenant_keys`); a tombstoned key
+  entry is a redacted chunk (``ChunkProblem`` ``redacted``).
+- :func:`write_chunk`: seals a chunk and writes its key entry and parts (acks=all) with a plain
+  producer.
 - :func:`read_record_at`: the one reading of a stream reference (the executor's inputs, read
   uncommitted, and :class:`StreamRecordReader`, the committed record for the holder and replay).
 
@@ -29,10 +33,11 @@ from aiokafka.errors import InvalidTopicError, KafkaError, UnknownTopicOrPartiti
 from aiokafka.protocol.metadata import MetadataRequest
 
 from broker_schema import topics
+from broker_schema.chunk_crypto import key_entry_key, parse_key_entry_key
 from broker_schema.chunks import (
     ChunkProblem,
-    assemble,
     chunk_ref_of,
+    join_parts,
     parse_part_key,
     part_headers,
     part_key,
@@ -41,6 +46,7 @@ from broker_schema.chunks import (
 from broker_schema.records import ChunkRef
 from fx_kafka.client import check_authorized, make_consumer
 from fx_kafka.retry import broker_unavailable
+from fx_kafka.tenant_keys import TenantKeys, open_from_store, seal_for_store
 
 __all__ = [
     "ChunkTopicReader", "StreamAbsent", "StreamRecordReader", "StreamUnreachable",
@@ -57,8 +63,12 @@ class ChunkTopicReader:
     with :meth:`stop`. One task at a time reads (a lock)."""
 
     def __init__(self, bootstrap: str, *, topic: str = topics.CHUNKS,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, keys: TenantKeys | None = None) -> None:
         self.bootstrap = bootstrap
+        self.keys = keys or TenantKeys()
+        #: (workload, hash) -> key entry (None: tombstoned), and redaction records' bytes
+        self._keys: dict[ChunkKey, bytes | None] = {}
+        self._redactions: dict[ChunkKey, bytes] = {}
         self.topic = topic
         self.timeout_s = timeout_s
         self._consumer: Any = None
@@ -104,10 +114,30 @@ class ChunkTopicReader:
         for key, ref in wanted.items():
             total = self._parts.get(key) if self._index.get(key) else None
             try:
-                out[key] = assemble(ref, key[0], got[key], total, where=where)
+                if key in self._redactions or (key in self._keys and self._keys[key] is None):
+                    raise ChunkProblem("redacted", f"chunk {ref.hash} of workload {key[0]} is "
+                                       f"redacted: its data key was destroyed {where}"
+                                       + self.redaction_note(key))
+                stored = join_parts(ref, key[0], got[key], total, where=where)
+                out[key] = open_from_store(stored, self._keys.get(key), ref, workload=key[0],
+                                           keys=self.keys)
             except ChunkProblem as exc:
                 out[key] = exc
         return out
+
+    def redaction_note(self, key: ChunkKey) -> str:
+        """`` (redacted by P: reason)`` from the chunk's redaction record, when one was read."""
+        raw = self._redactions.get(key)
+        if raw is None:
+            return ""
+        try:
+            from broker_schema.codec import decode
+
+            record = decode(raw)
+            return (f" (redacted by {getattr(record, 'principal', '?')}: "
+                    f"{getattr(record, 'reason', '')})")
+        except ValueError:
+            return " (a redaction record this version cannot read)"
 
     async def _catch_up(self, wanted: set[ChunkKey]) -> dict[ChunkKey, dict[int, bytes]]:
         """Read to the last stable offset, indexing every part; the parts of ``wanted`` seen."""
@@ -129,6 +159,13 @@ class ChunkTopicReader:
                                    f"{await consumer.position(self._tp)} of {end}")
             batch = await consumer.getmany(self._tp, timeout_ms=500)
             for msg in batch.get(self._tp, []):
+                other = parse_key_entry_key(msg.key)
+                if other is not None:
+                    if other[2] == "key":
+                        self._keys[other[:2]] = msg.value
+                    elif msg.value is not None:
+                        self._redactions[other[:2]] = msg.value
+                    continue
                 parsed = parse_part_key(msg.key)
                 if parsed is None:
                     continue
@@ -162,16 +199,20 @@ class ChunkTopicReader:
 
 
 async def write_chunk(producer: Any, data: bytes, *, workload: str,
-                      media_type: str | None = None, topic: str = topics.CHUNKS) -> ChunkRef:
-    """Write ``data`` as ``workload``'s chunk on ``sys.chunks`` (every part, acks as the
-    producer has them: the project's are acks=all) and return its reference."""
+                      media_type: str | None = None, topic: str = topics.CHUNKS,
+                      keys: TenantKeys | None = None) -> ChunkRef:
+    """Write ``data`` as ``workload``'s chunk on ``sys.chunks``, sealed under the tenant's key
+    (``keys``, default the local key directory): its key entry, then every part (acks as the
+    producer has them: the project's are acks=all). Returns its reference (of the plaintext)."""
     ref = chunk_ref_of(data, media_type=media_type)
-    parts = split_parts(data)
-    futures = []
+    sealed, entry = await asyncio.to_thread(seal_for_store, data, ref, workload=workload,
+                                            keys=keys or TenantKeys())
+    parts = split_parts(sealed)
+    futures = [await producer.send(topic, value=entry, key=key_entry_key(workload, ref.hash))]
     for i, part in enumerate(parts):
         futures.append(await producer.send(
             topic, value=part, key=part_key(workload, ref.hash, i, len(parts)),
-            headers=part_headers(workload, ref.hash, i, len(parts), len(data))))
+            headers=part_headers(workload, ref.hash, i, len(parts), len(sealed))))
     for fut in futures:
         await fut
     return ref

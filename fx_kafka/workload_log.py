@@ -58,6 +58,18 @@ class RefGap(LogGap):
         self.ref = ref
 
 
+class Redacted(RefGap):
+    """The chunk a record names was redacted (``fx redact``: its data key, or its tenant key,
+    was destroyed; ``why`` is ``redacted``): replay, ``fx why``, the audit, shadow and the
+    console stop there, as at a trimmed record, and say so (``fx replay`` / ``fx why`` exit
+    :data:`workload_sdk.cli.EXIT_REDACTED`)."""
+
+    def __init__(self, topic: str, offset: int, ref: ChunkRef | StreamRef, detail: str) -> None:
+        super().__init__(topic, offset, ref, detail)
+        self.why = "redacted"
+        self.args = (f"{topic} offset {offset} is redacted: {detail}",)
+
+
 class LogFileError(ValueError):
     """A JSONL log file that is not a log: a line that is not JSON, a row without its fields, a
     topic that is not a stream, a value that has no canonical bytes. ``line`` is 1-based."""
@@ -156,6 +168,8 @@ class WorkloadLog:
     facts: list[FactsRecord] = field(default_factory=list)
     resolved: dict[tuple[str, int], bytes] = field(default_factory=dict, repr=False)
     unresolved: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: the keys of ``unresolved`` whose chunk was redacted
+    redacted: set[tuple[str, int]] = field(default_factory=set)
 
     @classmethod
     def empty(cls, workload_id: str) -> WorkloadLog:

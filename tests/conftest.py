@@ -6,8 +6,11 @@ Redpanda through Docker). With CI=true, no broker is a failure, never a skip.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +25,14 @@ from fx_kafka.testing import kafka_for_tests
 # that parse early and the session's exit code honest.
 with contextlib.suppress(ImportError):
     import hypothesis  # noqa: F401
+
+
+# Chunks are sealed under tenant keys from a local key directory (fx_kafka.tenant_keys): the
+# session's tests, and the services they start (which inherit the environment), share one of
+# their own, never the user's.
+if "FX_TENANT_KEY_DIR" not in os.environ:
+    os.environ["FX_TENANT_KEY_DIR"] = tempfile.mkdtemp(prefix="fx-tenant-keys-")
+    atexit.register(shutil.rmtree, os.environ["FX_TENANT_KEY_DIR"], True)
 
 
 def _in_ci() -> bool:

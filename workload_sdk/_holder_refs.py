@@ -21,7 +21,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from broker_schema import ChunkRef, InputPolicy, ResponseRecord, SkipNote, SpecRecord, StreamRef
 from fx_kafka.retry import backoff_s
-from fx_kafka.workload_log import RefGap
+from fx_kafka.workload_log import Redacted, RefGap
 from workload_sdk._commands import skip_command
 from workload_sdk._core import Core, Item, describe_ref, referenced_body
 from workload_sdk._holder_config import HOLDER_LOG as log
@@ -102,7 +102,8 @@ class HolderRefs:
             if not problem.retry or left <= 0:
                 if policy is None:
                     waited = f" (waited {cfg.ref_wait_s:.0f} s for it)" if problem.retry else ""
-                    raise RefGap(topic, item.offset, ref, f"its {ref.type} reference cannot be "
+                    gap = Redacted if problem.why == "redacted" else RefGap
+                    raise gap(topic, item.offset, ref, f"its {ref.type} reference cannot be "
                                  f"read: {problem.message}{waited}; the holder stops here, "
                                  "nothing is merged past it")
                 return self._past_deadline(item, topic, ref, problem, policy)
@@ -133,10 +134,11 @@ class HolderRefs:
         waited = (f" (waited {policy.wait_ms / 1000:g} s from the input's append time)"
                   if problem.retry else "")
         what = f"its {describe_ref(ref, wid)} cannot be read: {problem.message}{waited}"
-        if policy.then != "quarantine" or problem.why not in ("missing", "mismatch"):
-            raise RefGap(topic, item.offset, ref, f"{what}; the holder stops here, nothing is "
-                         "merged past it (to skip it on the record: "
-                         f"{skip_command(wid, item.offset)})")
+        if policy.then != "quarantine" or problem.why not in ("missing", "mismatch", "redacted"):
+            gap = Redacted if problem.why == "redacted" else RefGap
+            raise gap(topic, item.offset, ref, f"{what}; the holder stops here, nothing is "
+                      "merged past it (to skip it on the record: "
+                      f"{skip_command(wid, item.offset)})")
         log.error("%s@%d skipped on the record (input_policy: quarantine): %s", topic,
                   item.offset, what)
         return replace(item, skip=SkipNote(cause="unresolvable", detail=what[:4096]))

@@ -47,6 +47,11 @@ class InputTooLarge(ValueError):
                          f"{INLINE_MAX_BYTES} bytes (64 KiB of canonical JSON); {remedy}")
 
 
+#: The media type a redactable inline body's chunk records when the body names none.
+_MEDIA = {"json": "application/json", "utf8": "text/plain; charset=utf-8",
+          "base64": "application/octet-stream"}
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """An input to store as a chunk: its bytes (what the step reads), the media type its
@@ -57,13 +62,24 @@ class ChunkPlan:
     inline_size: int
 
 
-def plan_input(value: Body | bytes | str | Any, *, media_type: str | None = None
-               ) -> Body | ChunkPlan:
+def plan_input(value: Body | bytes | str | Any, *, media_type: str | None = None,
+               redactable: bool = False) -> Body | ChunkPlan:
     """What to write for ``value`` (see :func:`workload_sdk.body_of` for how values become
     bodies): the body itself when it fits inline (or is already a body or a reference), else a
-    :class:`ChunkPlan` with the bytes to store. Pure."""
-    if isinstance(value, InlineBody | ChunkRef | StreamRef):
+    :class:`ChunkPlan` with the bytes to store. ``redactable`` (the spec's
+    ``redactable_inputs``): every value that is not a reference becomes a chunk. Pure."""
+    if isinstance(value, ChunkRef | StreamRef):
         return value
+    if isinstance(value, InlineBody):
+        if not redactable:
+            return value
+        return ChunkPlan(value.raw(), value.media_type or _MEDIA[value.encoding],
+                         inline_size(value.encoding, value.data))
+    if redactable:
+        planned = plan_input(value, media_type=media_type)
+        if isinstance(planned, InlineBody):
+            return plan_input(planned, redactable=True)
+        return planned
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         size = 4 * math.ceil(len(raw) / 3) + 2  # the base64 text in quotes
@@ -121,6 +137,8 @@ class InputWriter:
         self.store = chunk_store(bootstrap, chunk_dir)
         self._producer: Any = None
         self._checked = False
+        #: the latest spec's ``redactable_inputs`` (read on the first write)
+        self.redactable = False
 
     @property
     def where(self) -> str:
@@ -150,8 +168,9 @@ class InputWriter:
             # a workload that is not there is said at once (UnknownWorkload, a LookupError),
             # before a chunk is stored for it or a topic is waited for
             await require_workload(self.bootstrap, self.workload_id, streams=("in",))
+            self.redactable = await _redactable(self.bootstrap, self.workload_id)
             self._checked = True
-        planned = plan_input(value, media_type=media_type)
+        planned = plan_input(value, media_type=media_type, redactable=self.redactable)
         chunked = isinstance(planned, ChunkPlan)
         if isinstance(planned, ChunkPlan):
             if not self.chunk:
@@ -169,6 +188,16 @@ class InputWriter:
         meta = await self._producer.send_and_wait(topic, value=encode(record), partition=0)
         return WrittenInput(topic, int(meta.offset), body, chunked,
                             self.where if chunked else None)
+
+
+async def _redactable(bootstrap: str, workload_id: str) -> bool:
+    """Whether the workload's latest spec asks every input to be redactable."""
+    from workload_sdk._holder_start import NoSpec, latest_spec
+
+    try:
+        return (await latest_spec(bootstrap, workload_id))[1].redactable_inputs
+    except NoSpec:
+        return False
 
 
 def write_input(bootstrap: str, workload_id: str, value: Body | bytes | str | Any, *,

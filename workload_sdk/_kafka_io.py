@@ -65,6 +65,7 @@ async def resolve_log(log: WorkloadLog, resolver: RefResolver, *,
     res = await resolver.resolve(wants, workload=log.workload_id, specs=specs)
     log.resolved.update(res.resolved)
     log.unresolved.update({key: p.message for key, p in res.problems.items()})
+    log.redacted.update(key for key, p in res.problems.items() if p.why == "redacted")
 
 
 async def read_workload_log(bootstrap: str, workload_id: str, *,

@@ -41,9 +41,9 @@ from broker_schema import (
     sha256_hex,
     topics,
 )
-from broker_schema.chunks import ChunkProblem, check_chunk, fs_relpath
+from broker_schema.chunks import ChunkProblem, fs_relpath
 from broker_schema.refs import chunk_owner, chunk_problem, stream_problem
-from fx_kafka.chunk_files import write_chunk_file
+from fx_kafka.chunk_files import read_chunk_file, write_chunk_file
 
 __all__ = ["ChunkStore", "FsChunks", "KafkaChunks", "RefProblem", "RefResolver", "Resolution",
            "chunk_store", "store_where"]
@@ -57,10 +57,11 @@ ChunkKey = tuple[str, str]
 @dataclass(frozen=True)
 class RefProblem:
     """Why a reference resolved to nothing: ``missing`` (not there: it may still come, so the
-    holder waits a while), ``mismatch`` (bytes that are not the reference's), ``forbidden`` (the
-    workload may not read it: nothing was asked) or ``invalid``."""
+    holder waits a while), ``mismatch`` (bytes that are not the reference's), ``redacted`` (its
+    data key was destroyed: ``fx redact``), ``forbidden`` (the workload may not read it: nothing
+    was asked) or ``invalid``."""
 
-    why: Literal["missing", "mismatch", "forbidden", "invalid"]
+    why: Literal["missing", "mismatch", "redacted", "forbidden", "invalid"]
     message: str
 
     @property
@@ -103,16 +104,13 @@ class FsChunks:
         self.root = Path(root)
 
     def _read_one(self, key: ChunkKey, ref: ChunkRef) -> bytes | ChunkProblem:
-        path = self.root / fs_relpath(key[0], ref.hash)
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return ChunkProblem("missing", f"no chunk {ref.hash} ({ref.size} B) of workload "
-                                f"{key[0]} in {self.root} (no file {path})")
-        try:
-            return check_chunk(ref, data)
+            return read_chunk_file(self.root, ref, workload=key[0])
         except ChunkProblem as exc:
-            return ChunkProblem("mismatch", f"{exc.message} (file {path})")
+            if exc.why == "mismatch":
+                return ChunkProblem("mismatch", f"{exc.message} (file "
+                                    f"{self.root / fs_relpath(key[0], ref.hash)})")
+            return exc
 
     async def read(self, wanted: Mapping[ChunkKey, ChunkRef]
                    ) -> dict[ChunkKey, bytes | ChunkProblem]:

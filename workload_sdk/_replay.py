@@ -24,7 +24,7 @@ from broker_schema import (
 )
 from broker_schema.binding import claim_in_force
 from broker_schema.streams import OutRecord, SourceRecord
-from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
+from fx_kafka.workload_log import LogGap, Redacted, RefGap, WorkloadLog
 from workload_sdk._api import Workload, WorkloadError
 from workload_sdk._code import Code, ModuleUnavailable
 from workload_sdk._commands import replay_command
@@ -139,6 +139,9 @@ def _apply(core: Core, log: WorkloadLog, item: Item, *, epoch: int, spec: SpecRe
         why = log.unresolved.get((item.source, item.offset))
         if why is None:
             raise
+        if (item.source, item.offset) in log.redacted:
+            raise Redacted(exc.topic, exc.offset, exc.ref,
+                           f"its {exc.ref.type} reference cannot be read: {why}") from None
         raise RefGap(exc.topic, exc.offset, exc.ref,
                      f"its {exc.ref.type} reference cannot be read: {why}") from None
 

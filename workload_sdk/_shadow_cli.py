@@ -11,7 +11,8 @@
 Exit codes: 0 the evaluation ran (or was shown) and no decision differs; 1 it ran and decisions
 differ (or requests diverged); 2 it cannot run as asked (the message says why); 3 a record it
 needs is trimmed, missing or undecodable; 4 (``show``) the report recomputed from the records
-does not match the recorded ``report_hash``.
+does not match the recorded ``report_hash``; 5 it stopped at a redacted input (``Redacted``:
+``fx redact``), as ``fx replay`` does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fx_kafka.client import bootstrap_of
-from fx_kafka.workload_log import LogGap
+from fx_kafka.workload_log import LogGap, Redacted
 from fx_kafka.workloads import check_workload
 from workload_sdk._code import ModuleUnavailable
 from workload_sdk._commands import MODULE_PLACEHOLDER, show_command
@@ -37,6 +38,7 @@ EXIT_DIFFER = 1
 EXIT_USAGE = 2
 EXIT_GAP = 3
 EXIT_NOT_REPRODUCED = 4
+EXIT_REDACTED = 5
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 
@@ -143,6 +145,9 @@ def _shadow(args: argparse.Namespace) -> int:
             TypeError) as exc:
         print(f"fx shadow: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Redacted as exc:
+        print(f"fx shadow: stopped at a redacted input: {exc}", file=sys.stderr)
+        return EXIT_REDACTED
     except LogGap as exc:
         print(f"fx shadow: stopped: {exc}", file=sys.stderr)
         return EXIT_GAP

@@ -188,6 +188,10 @@ def why(log: WorkloadLog, *, out_offset: int | None = None,
         if isinstance(record, InputRecord):
             node["input"] = {"topic": view.topic, "offset": raw.offset, "time_ms": raw.time_ms,
                              "source": record.source, "body": _body(record.body)}
+            if (entry.source, raw.offset) in log.redacted:
+                # its chunk's data key was destroyed (fx redact): the hashes still verify, the
+                # bytes are gone; replay stops here (Redacted)
+                node["input"]["redacted"] = log.unresolved.get((entry.source, raw.offset), "")
             return node
         if not isinstance(record, ResponseRecord):
             raise LogGap(view.topic, raw.offset, "missing", f"merge names a {record.kind}")
@@ -288,6 +292,8 @@ def render_tree(tree: dict[str, Any]) -> str:
             i = node["input"]
             lines.append(f"{pad}  input {i['topic']}@{i['offset']} t={i['time_ms']} "
                          f"source={i['source']} {_short(i['body'])}")
+            if "redacted" in i:
+                lines.append(f"{pad}    REDACTED: {i['redacted']}")
             return
         r = node["response"]
         sig = r["signature"]

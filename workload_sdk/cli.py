@@ -5,12 +5,15 @@ Exit codes: 0 done; 1 ``replay --diff`` found a difference; 2 the step broke a r
 or a holder was fenced; 4 no spec / module mismatch, the fold disagrees with the merge log, or a
 workload topic's configuration is refused (``TopicConfigError``: producer-clock timestamps, or
 retention shorter than the audit horizon), ``--http-port`` cannot be bound, or a ``--fleet-key``
-is not a key.
+is not a key; 5 ``fx replay`` stopped at a redacted input (``Redacted``: ``fx redact`` destroyed
+its chunk's data key; the message says who redacted it and why). ``fx why`` walks a redacted
+input (hashes verify) and marks it ``REDACTED``.
 
 ``fx audit``: 0 every invariant checked holds (a skipped replay is said, not failed); 1 an
 invariant is violated; 2 a usage or read error (a bad ``--module`` or ``--fleet-key``, a broker
 that cannot be read); 3 no violation, but a record a check needs is trimmed, missing or
-undecodable (as for ``fx replay``).
+undecodable (as for ``fx replay``). A replay stopped by a redacted input is a note, not a gap:
+the audit holds on everything else.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from fx_kafka.client import make_producer
 from fx_kafka.errors import TopicConfigError
 from fx_kafka.logs import quiet_client_logs
 from fx_kafka.workload import HORIZON_UNKNOWN, HorizonArg, ensure_workload_topics
-from fx_kafka.workload_log import LogGap, RefGap, WorkloadLog
+from fx_kafka.workload_log import LogGap, Redacted, RefGap, WorkloadLog
 from fx_kafka.workloads import needs_workload
 from workload_sdk._api import Workload, WorkloadError, module_hash
 from workload_sdk._code import Code, ModuleUnavailable
@@ -57,6 +60,8 @@ EXIT_WORKLOAD = 2
 EXIT_GAP = 3
 EXIT_FENCED = 3
 EXIT_MISMATCH = 4
+#: replay stopped at an input whose chunk was redacted (``fx redact``: :class:`Redacted`)
+EXIT_REDACTED = 5
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
@@ -247,6 +252,7 @@ def _spec(args: argparse.Namespace) -> int:
                                  on_step_error=args.on_step_error),
         chunk_store=args.chunk_store,
         model_names={**names, **local_names},
+        redactable_inputs=args.redactable_inputs,
     )
     try:
         offset = asyncio.run(_produce(_bootstrap(args), args.id, topics.spec(args.id),
@@ -430,6 +436,9 @@ def _replay(args: argparse.Namespace) -> int:
         result = replay(workload, log, to_seq=args.to, use_snapshots=not args.from_start,
                         trust_log=args.trust_log, code=code)
         problems = compare_outputs(result, log)
+    except Redacted as exc:
+        print(f"replay stopped: {exc}", file=sys.stderr)
+        return EXIT_REDACTED
     except LogGap as exc:
         print(f"replay stopped: {exc}", file=sys.stderr)
         return EXIT_GAP
@@ -691,6 +700,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     def bootstrap_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="HOST:PORT (default: $FX_KAFKA_BOOTSTRAP)")
 
+    from workload_sdk._redact_cli import register as register_redact
+
+    register_redact(subparsers, bootstrap_arg, _bootstrap)
+
     def chunk_dir_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--chunk-dir", metavar="DIR",
                        help="read (and write) chunks in this filesystem store, shared with the "
@@ -802,6 +815,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="the chunk store every service of the workload uses: sys.chunks "
                       "(default) or a shared directory (a holder with another refuses to "
                       "start; docs/operations.md)")
+    spec.add_argument("--redactable-inputs", action="store_true",
+                      help="every input goes through a chunk (sealed under the workload's "
+                      "tenant key), however small, so fx redact can remove it early")
     spec.add_argument("--force", action="store_true",
                       help="write model hashes no node on sys.facts (and no --model-dir store) "
                       "holds; they are recorded on the spec as unchecked_models")

@@ -23,5 +23,9 @@ def test_the_demo_runs_end_to_end(kafka_bootstrap: str) -> None:
     assert "demo: OK" in out
     # the receipts are verified against the node's pinned key, not merely checked
     assert "2/2 receipts verified" in out and "NOT AUTHENTICATED" not in out
+    # a redacted upload's whole path: replay stops clearly (Redacted, exit 5), why marks it,
+    # the audit holds
+    assert "$ fx replay -> exit 5: replay stopped:" in out and "is redacted" in out
+    assert "$ fx why -> exit 0: REDACTED" in out and "$ fx audit -> exit 0 (holds;" in out
     # it ends with the command that opens the web console on this broker (docs/console.md)
     assert f"fx console --bootstrap {kafka_bootstrap}" in done.stdout.strip().splitlines()[-1]

@@ -21,6 +21,7 @@ import pytest
 
 from broker_schema import ChunkRef, InlineBody, InputRecord, decode, sha256_hex, topics
 from broker_schema.limits import INLINE_MAX_BYTES
+from fx_kafka.chunk_files import read_chunk_file
 from fx_kafka.workload_log import read_topic
 from fx_kafka.workloads import UnknownWorkload
 from tests.integration.workload_sdk.test_refs import RefReader, _outputs
@@ -136,8 +137,12 @@ async def test_a_filesystem_chunk_store_and_a_reference_put_by_fx_chunk_put(
                                       "--bootstrap", kafka_bootstrap)
         assert fed.returncode == 0, fed.stderr
         assert f"stored in the chunk directory {store}" in fed.stdout
-        assert (store / "wl" / wid / "sha256" / sha256_hex(data).split(":")[1]).read_bytes() \
-            == data
+        # the file holds the chunk sealed under the workload's tenant key (docs/security.md);
+        # read through the store, it is the input's bytes
+        path = store / "wl" / wid / "sha256" / sha256_hex(data).split(":")[1]
+        assert path.read_bytes().startswith(b"\x00FXC1") and data[:64] not in path.read_bytes()
+        assert read_chunk_file(store, ChunkRef(hash=sha256_hex(data), size=len(data)),
+                               workload=wid) == data
         # a chunk put with the executor's fx chunk put, then written as an input with --ref
         other = os.urandom(90_000)
         (tmp_path / "other.bin").write_bytes(other)

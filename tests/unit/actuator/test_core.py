@@ -168,14 +168,68 @@ def test_fenced_memory_refuses_lower_epochs_per_device_and_workload() -> None:
     assert isinstance(_decide(state, _req(epoch=2, set_point=1, device="valve-2")), Execute)
 
 
-def test_idempotent_needs_no_memory() -> None:
+def test_idempotent_remembers_recent_ids_and_refuses_repeats() -> None:
     state = _state("idempotent")
     first = _req()
+    # an at-most-once kind's entries mean nothing to an idempotent kind
     _attempt(state, first, "done")
-    assert isinstance(_decide(state, first), Execute)
-    decision = _decide(state, _req(seq=6, reissue_of=first.effect_id))
+    decision = _decide(state, first)
     assert isinstance(decision, Execute)
     assert remember_before(state, decision.job, decision.command, "idempotent", 1) == []
+    ok = written_response(state, decision.job, decision.command, read_back=40, started_us=1,
+                          finished_us=2)
+    assert remember_after(state, decision.job, decision.command, "idempotent", ok,
+                          changed=False, now_us=3) == []  # never reached the device
+    (recent,) = remember_after(state, decision.job, decision.command, "idempotent", ok,
+                               changed=True, now_us=3)
+    assert recent.entry == "recent" and recent.output == ok.output
+    assert recent.key() == f"effect/{first.effect_id}" and recent.device == "valve-1"
+    state.base.finish(first.effect_id)
+    state.memory.observe(recent)
+    # the very request read again after a restart: answered from memory, device untouched,
+    # before the executor's rules (past its deadline, after a newer claim)
+    state.base.observe_claim(ClaimRecord(workload_id=WL, epoch=3, holder_id="h2", spec_hash=H,
+                                         spec_offset=0))
+    again = _decide(state, first, now_ms=99_000)
+    assert isinstance(again, Reanswer) and again.response.output == ok.output
+    # a reissue naming it (or any other copy under its id): refused, typed, nothing in flight
+    repeat = _decide(state, _req(seq=6, epoch=3, reissue_of=first.effect_id))
+    assert isinstance(repeat, Refuse) and repeat.response.error is not None
+    assert repeat.response.error.code == "duplicate_effect"
+    assert "recent idempotent" in repeat.response.error.message and not state.base.in_flight
+
+
+def test_the_idempotent_window_is_bounded_per_device() -> None:
+    state = _state("idempotent")
+    state.memory.window = 2
+    remembered = []
+    for seq in (10, 11, 12):
+        decision = _decide(state, _req(seq=seq))
+        assert isinstance(decision, Execute)
+        ok = written_response(state, decision.job, decision.command, read_back=40,
+                              started_us=1, finished_us=2)
+        records = remember_after(state, decision.job, decision.command, "idempotent", ok,
+                                 changed=True, now_us=seq)
+        state.base.finish(decision.job.effect_id)
+        for record in records:
+            state.memory.observe(record)
+        remembered.append(records)
+    assert [len(r) for r in remembered] == [1, 1, 2]
+    evicted = remembered[2][1]
+    assert evicted.entry == "cleared" and evicted.effect_id == _req(seq=10).effect_id
+    assert list(state.memory.recent["valve-1"]) == [_req(seq=11).effect_id,
+                                                    _req(seq=12).effect_id]
+    # forgotten: its repeat is written again (harmless for a set-point); a kept one is refused
+    assert isinstance(_decide(state, _req(seq=10)), Execute)
+    kept = _decide(state, _req(seq=13, reissue_of=_req(seq=12).effect_id))
+    assert isinstance(kept, Refuse)
+    # the memory rebuilt from the records, in order, is the same (what a restart reads back)
+    rebuilt = Memory(window=2)
+    for records in remembered:
+        for record in records:
+            rebuilt.observe(record)
+    assert rebuilt.recent == state.memory.recent
+    assert set(rebuilt.attempts) == set(state.memory.attempts) - {_req().effect_id}
 
 
 def test_what_is_remembered_around_the_write() -> None:

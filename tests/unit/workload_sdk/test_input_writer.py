@@ -72,3 +72,24 @@ def test_the_refusal_names_the_size_the_limit_and_the_remedy() -> None:
     assert "\n" not in text
     assert isinstance(exc, ValueError) and exc.limit == INLINE_MAX_BYTES
     assert "chunk=True" in str(InputTooLarge(70_000))
+
+
+def test_redactable_inputs_always_go_through_chunks() -> None:
+    """The spec's ``redactable_inputs``: even a small value is a chunk (so ``fx redact`` can
+    remove its bytes), holding exactly what the inline body's ``raw()`` would have been; a
+    reference stays as it is."""
+    small = {"name": "Jane Roe"}
+    inline = plan_input(small)
+    assert isinstance(inline, InlineBody)
+    planned = plan_input(small, redactable=True)
+    assert isinstance(planned, ChunkPlan)
+    assert planned.data == inline.raw() and planned.media_type == "application/json"
+    text = plan_input("hello", redactable=True)
+    assert isinstance(text, ChunkPlan) and text.data == b"hello"
+    raw = plan_input(b"\x00\x01", redactable=True, media_type="image/png")
+    assert isinstance(raw, ChunkPlan) and raw.data == b"\x00\x01"
+    assert raw.media_type == "image/png"
+    given = plan_input(InlineBody.of_text("x"), redactable=True)
+    assert isinstance(given, ChunkPlan) and given.data == b"x"
+    ref = ChunkRef(hash="sha256:" + "ab" * 32, size=3)
+    assert plan_input(ref, redactable=True) is ref
