@@ -119,7 +119,8 @@ class ModelRunner:
         self._fetches: set[asyncio.Task[Any]] = set()
         self._reject_kind = sorted(config.kinds)[0]
         #: kinds whose requests name models: their groups route by model (fx_node.routing)
-        self.model_kinds = frozenset(config.kinds) - frozenset(config.handlers)
+        self.model_kinds = (frozenset(config.kinds) - frozenset(config.handlers)
+                            if config.route_by_model else frozenset())
 
     @property
     def state(self) -> ExecutorState:
