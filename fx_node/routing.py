@@ -149,6 +149,7 @@ class ModelRouting:
             @classmethod
             def metadata(cls, topics_: Iterable[str]) -> ConsumerProtocolMemberMetadata:
                 routing.sent = offer_bytes(routing.offer())
+                log.debug("%s: joining with offer %s", routing.kind, routing.sent.decode())
                 return ConsumerProtocolMemberMetadata(cls.version, sorted(topics_), routing.sent)
 
             @classmethod
