@@ -10,6 +10,10 @@ Sections (each one's result is written to ``$OUT/gpu_check.json`` as soon as it 
 run killed at its time limit still returns what it measured; an exception in one section is
 recorded under ``errors`` and the next section still runs):
 
+-1. ``onnx_provider``: magika through the executor's ONNX engine with ``onnx_provider = "cuda"``:
+   the provider its session runs on (``CUDAExecutionProvider`` needs ``onnxruntime-gpu``; else
+   the CPU provider, with the reason) and whether its labels equal the CPU provider's. It needs no
+   CuPy and runs first (informational, not in ``all_parity_ok``);
 0. ``compile``: NVRTC builds kernels/engine.cu through ``cupy.RawModule``;
 1. ``synthetic``: CuPy vs the numpy oracle on a small random-weight model, for several block
    sizes (the bytes must not depend on them), prefill vs token-by-token decode, a sequence alone
@@ -301,8 +305,50 @@ def arch_checks(path: str, cupy_ops: Callable[..., Any], cp: Any) -> dict[str, A
     return res
 
 
+def onnx_provider_check() -> dict[str, Any]:
+    """The executor's ``onnx_provider = "cuda"`` (issue 27): magika through
+    :class:`executor.engines.onnx.OnnxEngine` asked for CUDA's provider, and the provider its
+    session really runs on (with the fallback reason, if any), and whether its labels equal the
+    CPU provider's on a few inputs. Informational: not part of ``all_parity_ok``. Without
+    onnxruntime it says so."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return {"skipped": f"onnxruntime not importable: {e}"}
+    from executor.engines import EngineOptions
+    from executor.engines.onnx import OnnxEngine
+    from executor.models import ModelStore
+
+    res: dict[str, Any] = {"onnxruntime": ort.__version__,
+                           "available": list(ort.get_available_providers())}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ModelStore(Path(tmp))
+        manifest = store.import_package("magika")
+        data = store.read_verified(manifest.hash)
+        here = Path(__file__).resolve()
+        inputs = [here.read_bytes(), here.parents[1].joinpath("README.md").read_bytes(),
+                  b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8]
+        labels = {}
+        for asked in ("cuda", "cpu"):
+            engine = OnnxEngine(EngineOptions(onnx_provider=asked))
+            engine.load(manifest, data)
+            t = time.perf_counter()
+            labels[asked] = [engine.run(manifest.hash, {}, x).output for x in inputs]
+            res[asked] = {"running": engine.provider_of(manifest.hash),
+                          "reason": engine.provider_reason,
+                          "seconds": round(time.perf_counter() - t, 3)}
+        res["labels_equal"] = labels["cuda"] == labels["cpu"]
+    log(f"onnx provider: cuda asked -> {res['cuda']['running']} "
+        f"({res['cuda']['reason'] or 'as asked'}), labels equal {res['labels_equal']}")
+    return res
+
+
 def main() -> int:
     out: dict[str, Any] = {}
+    # ONNX Runtime's provider first: it needs no CuPy, so it reports on any machine
+    _section(out, "onnx_provider", onnx_provider_check)
     try:
         import cupy as cp
 

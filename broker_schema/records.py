@@ -410,6 +410,11 @@ class ExecutorInfo(_Model):
     engine: str
     engine_version: str
     device_class: str
+    #: The execution provider that ran the model, where the engine has several (ONNX Runtime:
+    #: ``CUDAExecutionProvider`` or ``CPUExecutionProvider``). Optional and left out of the
+    #: canonical bytes when null (engines without providers write what they wrote before).
+    provider: Annotated[str, Field(min_length=1, max_length=60)] | None = Field(
+        default=None, exclude_if=lambda v: v is None)
 
 
 class Timing(_Model):
@@ -899,6 +904,16 @@ class AcceleratorDevice(_Model):
     runtime_version: Annotated[str, Field(max_length=40)] | None = None
 
 
+class OnnxProviderFact(_Model):
+    """The ONNX Runtime execution provider an executor runs its ONNX models with: what its
+    config asked (``onnx_provider``: ``auto``, ``cuda`` or ``cpu``), what runs, and why that is
+    not what was asked (CUDA asked but absent or failing: the CPU provider runs instead)."""
+
+    asked: Literal["auto", "cuda", "cpu"]
+    running: Annotated[str, Field(min_length=1, max_length=60)]
+    reason: Annotated[str, Field(max_length=1000)] | None = None
+
+
 class FactsRecord(_Model):
     """What an executor node serves, on ``sys.facts`` (compacted, keyed by node id).
 
@@ -926,6 +941,9 @@ class FactsRecord(_Model):
     #: holder refuses to start when a live node serving its kinds uses another than its spec's
     #: ``chunk_store``. Left out of the canonical bytes at its default, ``kafka``.
     chunk_store: ChunkStoreKind = Field(default="kafka", exclude_if=lambda v: v == "kafka")
+    #: The ONNX Runtime provider its ONNX models run on (null: no ONNX engine built yet). Left
+    #: out of the canonical bytes when null.
+    onnx_provider: OnnxProviderFact | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 PublicKeyText = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]+={0,2}$", max_length=200)]

@@ -29,8 +29,9 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
+    overrides = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, **overrides)
     except ConfigError as exc:
         print(f"fx executor run: {exc}", file=sys.stderr)
         return 2
@@ -128,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run.add_argument("--config", help="TOML or JSON config file")
     run.add_argument("--print-config", action="store_true", help="print the config and exit")
+    run.add_argument("--onnx-provider", choices=("auto", "cuda", "cpu"),
+                     help="ONNX Runtime execution provider (overrides the config's "
+                          "onnx_provider; cuda falls back to cpu, with the reason logged)")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")

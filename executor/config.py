@@ -85,6 +85,16 @@ class ExecutorConfig(NodeConfig):
     intra_op_threads: Annotated[int, Field(ge=0, le=256)] = 1
     #: ``auto``: CUDA execution provider when present, else CPU; ``cpu``: CPU only.
     device: Literal["auto", "cpu"] = "auto"
+    #: The ONNX Runtime execution provider of ONNX models: ``auto`` (CUDA when ONNX Runtime has it
+    #: and ``device`` is not ``cpu``, else CPU), ``cuda`` (CUDA asked: when ONNX Runtime lacks it
+    #: or it cannot start, the CPU provider runs, with the reason logged and in the node's facts)
+    #: or ``cpu``. What ran is in every response's ``executor.provider``.
+    onnx_provider: Literal["auto", "cuda", "cpu"] = "auto"
+    #: Route by model (docs/operations.md, "Routing by model"): this node's kind groups assign
+    #: workloads with the model assignor (each workload to a member holding every model its
+    #: spec binds). Off by default while the rebalance behaviour under load is being checked;
+    #: every member of a group must have it on for the group to use it.
+    route_by_model: bool = False
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
     #: Kinds served without a model: effect kind -> ``module:factory`` of a

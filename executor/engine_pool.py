@@ -56,6 +56,7 @@ class EnginePool:
         self._options = EngineOptions(
             intra_op_threads=config.intra_op_threads,
             device=config.device,
+            onnx_provider=config.onnx_provider,
             node_id=config.node_id,
             identity=identity,
             receipt_chain_file=config.receipt_chain_file,
@@ -74,7 +75,7 @@ class EnginePool:
             for kind, target in config.handlers.items()}
         #: model hash -> seconds per request of its last engine runs (see runs_inline)
         self._run_cost: dict[str, deque[float]] = {}
-        self._infos: dict[tuple[str, str, str], ExecutorInfo] = {}
+        self._infos: dict[tuple[str, str, str, str | None], ExecutorInfo] = {}
 
     def engine_for(self, manifest: ModelManifest) -> Engine:
         """The engine named by ``manifest``, built on first use (from the event loop or a worker
@@ -189,12 +190,14 @@ class EnginePool:
         device_of = getattr(engine, "device_class_of", None)
         if device_of is not None and model_hash is not None:
             device = device_of(model_hash)
-        key = (engine.name, engine.version, device)
+        provider_of = getattr(engine, "provider_of", None)
+        provider = provider_of(model_hash) if provider_of is not None else None
+        key = (engine.name, engine.version, device, provider)
         info = self._infos.get(key)
         if info is None:
             info = self._infos[key] = ExecutorInfo(
                 node_id=self.config.node_id, engine=engine.name, engine_version=engine.version,
-                device_class=device)
+                device_class=device, provider=provider)
         return info
 
     def runs_inline(self, engine: Engine | KindHandler, model_hash: str | None,

@@ -61,6 +61,13 @@ class ExecutorMetrics:
         self.queue_limit = Gauge(
             "fx_executor_queue_limit", "Queue limit per kind", ["kind"], registry=r
         )
+        self.unrouted_workloads = Gauge(
+            "fx_executor_unrouted_workloads",
+            "Workload topics no member of the kind's group holds every bound model of "
+            "(set by the group leader at each assignment; docs/operations.md, Placement)",
+            ["kind"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "fx_executor_inflight_requests",
             "Requests inside the engine right now",

@@ -118,6 +118,9 @@ class ModelRunner:
         # Referenced inputs are read apart from the workers (see ``_fetch_input``).
         self._fetches: set[asyncio.Task[Any]] = set()
         self._reject_kind = sorted(config.kinds)[0]
+        #: kinds whose requests name models: their groups route by model (fx_node.routing)
+        self.model_kinds = (frozenset(config.kinds) - frozenset(config.handlers)
+                            if config.route_by_model else frozenset())
 
     @property
     def state(self) -> ExecutorState:
@@ -367,6 +370,8 @@ class ModelRunner:
             accelerator_devices=node_devices(self.config.device),
             parity_gates=[g for e in engines for g in getattr(e, "parity_gates", tuple)()],
             chunk_store=self.config.chunk_backend,
+            onnx_provider=next((e.provider_fact() for e in engines
+                                if hasattr(e, "provider_fact")), None),
         )
         self.metrics.models_loaded.set(len(facts.models_loaded))
         return facts

@@ -10,6 +10,7 @@ from broker_schema.records import (
     FactsRecord,
     Guarantee,
     KindServed,
+    OnnxProviderFact,
     ParityGateFact,
 )
 
@@ -31,12 +32,14 @@ def build_facts(
     accelerator_devices: Iterable[AcceleratorDevice] = (),
     parity_gates: Iterable[ParityGateFact] = (),
     chunk_store: ChunkStoreKind = "kafka",
+    onnx_provider: OnnxProviderFact | None = None,
 ) -> FactsRecord:
     """The facts record for this node (pure: the time is passed in). ``guarantees``: the
     guarantee each actuation kind is served with (an actuator gateway's);
     ``accelerator_devices``: what the probe found (:mod:`executor.accelerators`);
     ``parity_gates``: the integer engine's gate runs (one per model and backend, sorted);
-    ``chunk_store``: where the node keeps chunks (an executor's ``chunk_backend``)."""
+    ``chunk_store``: where the node keeps chunks (an executor's ``chunk_backend``);
+    ``onnx_provider``: the ONNX Runtime provider its ONNX models run on."""
     served = guarantees or {}
     return FactsRecord(
         node_id=node_id,
@@ -54,6 +57,7 @@ def build_facts(
         key_id=key_id,
         updated_us=now_us,
         chunk_store=chunk_store,
+        onnx_provider=onnx_provider,
     )
 
 

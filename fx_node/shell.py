@@ -52,7 +52,6 @@ from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from broker_schema import DecodeError, topics
@@ -72,6 +71,7 @@ from fx_node.admission import OffsetTracker, holder_problem, renewal_due, renewe
 from fx_node.facts import facts_changed
 from fx_node.identity import NodeIdentity
 from fx_node.producer import BrokerWait, ResilientProducer
+from fx_node.routing import ROUTING_CHECK_S, routing_for
 from fx_node.runner import NodeMetrics, NodeSettings, Read, Runner
 from fx_node.sync import ClaimsSpecReader, catch_up
 
@@ -152,22 +152,20 @@ class NodeShell:
         await runner.start()
         await self.publish_facts(force=True)
         for kind in cfg.kinds:
+            strategy, routing = routing_for(self, kind)  # by model, or round robin
             consumer = make_consumer(
-                cfg.bootstrap,
-                group_id=cfg.group_ids[kind],
+                cfg.bootstrap, group_id=cfg.group_ids[kind],
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 session_timeout_ms=cfg.session_timeout_ms,
-                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
-                max_poll_interval_ms=300_000,
-                client_id=f"{cfg.node_id}.{kind}",
-                # One partition per workload topic: the default range assignor would give every
-                # topic's partition 0 to the same member. Round robin spreads workloads.
-                partition_assignment_strategy=(RoundRobinPartitionAssignor,),
-            )
+                heartbeat_interval_ms=cfg.heartbeat_interval_ms, max_poll_interval_ms=300_000,
+                client_id=f"{cfg.node_id}.{kind}", partition_assignment_strategy=strategy)
             await consumer.start()
             consumer.subscribe(pattern=cfg.topic_pattern, listener=_Listener(self, kind, consumer))
             self.consumers[kind] = consumer
             self._consume_tasks.append(asyncio.create_task(self._consume(kind, consumer)))
+            if routing is not None:
+                self._misc_tasks.append(asyncio.create_task(routing.watch(consumer,
+                                                                          ROUTING_CHECK_S)))
         self._misc_tasks.append(asyncio.create_task(self._facts_ticker()))
         self._misc_tasks.append(asyncio.create_task(self._lease_renewer()))
         if cfg.http_port is not None:

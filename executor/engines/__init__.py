@@ -84,6 +84,8 @@ class EngineOptions:
 
     intra_op_threads: int = 1
     device: Literal["auto", "cpu"] = "auto"
+    #: ONNX Runtime's execution provider (``ExecutorConfig.onnx_provider``).
+    onnx_provider: Literal["auto", "cuda", "cpu"] = "auto"
     node_id: str = "engine"
     identity: NodeIdentity | None = None
     receipt_chain_file: Path | None = None

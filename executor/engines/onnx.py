@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 import wave
 from collections.abc import Mapping, Sequence
@@ -29,11 +30,35 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import JsonValue
 
+from broker_schema import OnnxProviderFact
 from executor.engines import EngineOptions, EngineResult
 from executor.models import ModelManifest
 from fx_node.errors import EngineError
 
-__all__ = ["OnnxEngine", "decode_audio", "magika_features"]
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "OnnxEngine", "choose_providers", "decode_audio",
+           "magika_features"]
+
+log = logging.getLogger(__name__)
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def choose_providers(asked: str, device: str, available: Sequence[str]
+                     ) -> tuple[list[str], str | None]:
+    """The providers to open sessions with, and why CUDA is not among them when it was asked
+    (``asked``: the ``onnx_provider`` option; ``device``: the ``device`` option; ``available``:
+    ``onnxruntime.get_available_providers()``). Pure."""
+    if asked == "cpu":
+        return [CPU_PROVIDER], None
+    if device == "cpu":
+        why = "device = cpu" if asked == "auto" else "device = cpu overrides onnx_provider = cuda"
+        return [CPU_PROVIDER], why
+    if CUDA_PROVIDER not in available:
+        return [CPU_PROVIDER], (f"this onnxruntime ({ort.__version__}) has no {CUDA_PROVIDER} "
+                                f"(it has {', '.join(available) or 'none'}; a GPU node needs the "
+                                "onnxruntime-gpu package)")
+    return [CUDA_PROVIDER, CPU_PROVIDER], None
 
 Items = Sequence[tuple[Mapping[str, JsonValue], bytes]]
 
@@ -188,16 +213,35 @@ class OnnxEngine:
     def __init__(self, options: EngineOptions | None = None) -> None:
         self.options = options or EngineOptions()
         self.version: str = ort.__version__
-        available = ort.get_available_providers()
-        use_cuda = self.options.device == "auto" and "CUDAExecutionProvider" in available
-        self.providers = (
-            ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda
-            else ["CPUExecutionProvider"]
-        )
-        self.device_class = "cuda" if use_cuda else "cpu"
+        asked = self.options.onnx_provider
+        self.providers, self.provider_reason = choose_providers(
+            asked, self.options.device, ort.get_available_providers())
+        self.provider = self.providers[0]
+        if self.provider_reason is not None and asked == "cuda":
+            log.warning("onnx_provider = cuda asked, running %s: %s", CPU_PROVIDER,
+                        self.provider_reason)
+        self.device_class = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
         self.max_batch = 64
         self._models: dict[str, _Loaded] = {}
+        #: model hash -> the provider its session runs on (ORT may start CUDA's and fall back)
+        self._provider_of: dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def provider_of(self, model_hash: str | None) -> str:
+        """The execution provider ``model_hash``'s session runs on (the engine's if unknown)."""
+        if model_hash is None:
+            return self.provider
+        with self._lock:
+            return self._provider_of.get(model_hash, self.provider)
+
+    def device_class_of(self, model_hash: str) -> str:
+        """``cuda`` when ``model_hash`` runs on CUDA's provider, else ``cpu``."""
+        return "cuda" if self.provider_of(model_hash) == CUDA_PROVIDER else "cpu"
+
+    def provider_fact(self) -> OnnxProviderFact:
+        """What the node's facts say of the provider (``FactsRecord.onnx_provider``)."""
+        return OnnxProviderFact(asked=self.options.onnx_provider, running=self.provider,
+                                reason=self.provider_reason)
 
     # -- loading ---------------------------------------------------------------------------------
     def load(self, manifest: ModelManifest, model_bytes: bytes) -> None:
@@ -214,8 +258,17 @@ class OnnxEngine:
             )
         except Exception as exc:  # ORT raises its own untyped errors for bad models
             raise EngineError("engine_error", f"onnxruntime cannot load the model: {exc}") from None
+        running = session.get_providers()[0] if session.get_providers() else CPU_PROVIDER
         with self._lock:
             self._models.setdefault(manifest.hash, _Loaded(manifest, session))
+            self._provider_of[manifest.hash] = running
+            if self.provider == CUDA_PROVIDER and running != CUDA_PROVIDER:
+                # ORT had the provider but could not start it (no driver, no libcudart): it ran
+                # the session on the CPU; the engine says so from here on
+                self.provider, self.device_class = running, "cpu"
+                self.provider_reason = (f"onnxruntime could not start {CUDA_PROVIDER} for "
+                                        f"{manifest.hash}: the session runs on {running}")
+                log.warning("%s", self.provider_reason)
 
     def loaded(self) -> frozenset[str]:
         """Hashes with a warm session."""
@@ -226,6 +279,7 @@ class OnnxEngine:
         """Drop the session of ``model_hash``."""
         with self._lock:
             self._models.pop(model_hash, None)
+            self._provider_of.pop(model_hash, None)
 
     def _get(self, model_hash: str) -> _Loaded:
         with self._lock:

@@ -83,6 +83,10 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
 ) -> None:
     store, v33, v32 = magika_pair_store
     wid = unique_workload_id
+    # evaluation ids unique per run: `fx shadow show ID` finds the workload by its id, and a
+    # broker kept across runs holds the evaluations of earlier runs
+    run = wid[-8:]
+    hist, modrebind, live_id = f"hist-{run}", f"modrebind-{run}", f"live-{run}"
     history, live_files = FILES[:30], FILES[30:]
     async with executor_harness(kafka_bootstrap, wid, store, models={"filetype": v32},
                                 snapshot_every=10) as h:
@@ -99,7 +103,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         html_path = tmp_path / "report.html"
         proc = await asyncio.to_thread(
             _fx, kafka_bootstrap, "shadow", wid, "--module", MODULE, "--model",
-            f"filetype={v33}", "--eval-id", "hist1", "--json", "--html", str(html_path))
+            f"filetype={v33}", "--eval-id", hist, "--json", "--html", str(html_path))
         assert proc.returncode in (0, 1), proc.stderr[-3000:]
         out = json.loads(proc.stdout)
         report = out["report"]
@@ -144,19 +148,19 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         assert len(commands) == len(flips)  # each flip commands the gate the other way
         assert proc.returncode == 1
         # the report's own records, and the page with its plot
-        ev_view = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, "hist1", "eval"))
+        ev_view = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, hist, "eval"))
         kinds = [decode(r.value).kind for r in ev_view]
         assert kinds == ["shadow_eval", "shadow_report"]
-        shadow_out = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, "hist1", "out"))
+        shadow_out = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, hist, "out"))
         assert len(shadow_out) == len(history)
-        assert all(isinstance(r, EffectRequest) and r.header.shadow == "hist1"
+        assert all(isinstance(r, EffectRequest) and r.header.shadow == hist
                    and r.model == v33 for r in (decode(x.value) for x in shadow_out))
         page = html_path.read_text()
         png = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
         assert png and base64.b64decode(png[1]).startswith(b"\x89PNG\r\n\x1a\n")
 
         # --- replayable: fx shadow show recomputes the same report from the records ---------
-        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "hist1",
+        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", hist,
                                         "--workload", wid, "--module", MODULE, "--json")
         assert shown.returncode == 0, shown.stderr[-3000:]
         again = json.loads(shown.stdout)
@@ -170,7 +174,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         changed_code.write_text(source + "# the same gate, deployed again\n")
         mod = await asyncio.to_thread(
             _fx, kafka_bootstrap, "shadow", wid, "--module", f"{changed_code}:FiletypeGate",
-            "--model", f"filetype={v33}", "--eval-id", "modrebind", "--json")
+            "--model", f"filetype={v33}", "--eval-id", modrebind, "--json")
         assert mod.returncode == 1, mod.stderr[-3000:]
         mrep = json.loads(mod.stdout)["report"]
         assert mrep["module"]["workload_class"] == "FiletypeGate", mrep.get("module")
@@ -178,7 +182,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         assert mrep["requests_diverged_at"] is None, mrep["divergence"]
         assert (mrep["label_changes"], mrep["decisions_differ"]) == (
             report["label_changes"], report["decisions_differ"])
-        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "modrebind",
+        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", modrebind,
                                         "--workload", wid, "--module",
                                         f"{changed_code}:FiletypeGate", "--json")
         assert shown.returncode == 0 and json.loads(shown.stdout)["reproduced"] is True, \
@@ -190,7 +194,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         assert bad.returncode == 2 and "the log has steps" in bad.stderr, bad.stderr
         same_id = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", wid, "--module",
                                           MODULE, "--model", f"filetype={v33}", "--eval-id",
-                                          "hist1", "--from", "1")
+                                          hist, "--from", "1")
         assert same_id.returncode == 2 and "another definition" in same_id.stderr
         nobody = "sha256:" + "0" * 64
         absent = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", wid, "--module",
@@ -201,7 +205,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         holder = h.start_holder("shadow-holder-2")
         live = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fx_cli.main", "shadow", wid, "--module", MODULE, "--model",
-            f"filetype={v33}", "--live", "--window", "25s", "--eval-id", "live1", "--json",
+            f"filetype={v33}", "--live", "--window", "25s", "--eval-id", live_id, "--json",
             "--bootstrap", kafka_bootstrap, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         await asyncio.sleep(6)  # it reads where the workload is, then tails .out
@@ -222,7 +226,7 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         # the live workload kept deciding on its own model, untouched by the evaluation
         assert all(d["model"] == v32 for d in _decisions(final))
         assert h.stop(holder) == 0
-        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", "live1",
+        shown = await asyncio.to_thread(_fx, kafka_bootstrap, "shadow", "show", live_id,
                                         "--workload", wid, "--module", MODULE, "--json")
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert json.loads(shown.stdout)["reproduced"] is True
