@@ -96,7 +96,8 @@ class Routing:
 
 def route(members: Mapping[str, MemberOffer | None],
           partitions: Mapping[str, Iterable[int]],
-          needs: Mapping[str, frozenset[str] | None]) -> Routing:
+          needs: Mapping[str, frozenset[str] | None],
+          subscriptions: Mapping[str, Iterable[str]] | None = None) -> Routing:
     """Assign every partition of ``partitions`` (topic -> its partition numbers) to one of
     ``members`` (member id -> its offer, None: it said nothing). ``needs``: topic -> the model
     hashes its workload binds (:func:`needed_models`; a topic not in it needs nothing known).
@@ -106,6 +107,11 @@ def route(members: Mapping[str, MemberOffer | None],
     the smaller member id); topics with the fewest eligible members are placed first, so a
     topic that only one member can serve is never crowded out. A topic with no eligible member
     is in ``unserved`` and goes, after all the others, to the least loaded member of all.
+    ``subscriptions`` (member id -> the topics it subscribed to, when given): a member only ever
+    gets a topic it subscribed to. Members subscribe by pattern and learn of a new topic at
+    their own next metadata refresh, so a topic given to a member that has not seen it yet is
+    refused by that member's client, which rejoins: a rebalance after every new topic, without
+    end on a broker where topics keep coming.
     Deterministic: the same inputs, the same routing, on whichever member leads the group."""
     ids = sorted(members)
     assigned: dict[str, list[tuple[str, int]]] = {m: [] for m in ids}
@@ -117,10 +123,16 @@ def route(members: Mapping[str, MemberOffer | None],
         offer = members[m]
         return offer.capacity if offer is not None else 1
 
+    subscribed = None if subscriptions is None else {
+        m: frozenset(subscriptions.get(m, ())) for m in ids}
+
+    def takers(topic: str) -> list[str]:
+        return [m for m in ids if subscribed is None or topic in subscribed[m]]
+
     def eligible(topic: str) -> list[str]:
         need = needs.get(topic)
         pool = []
-        for m in ids:
+        for m in takers(topic):
             offer = members[m]
             if not need or (offer is not None and serves(offer.models, need)):
                 pool.append(m)
@@ -134,7 +146,9 @@ def route(members: Mapping[str, MemberOffer | None],
         pool = pools[topic]
         if not pool:
             unserved[topic] = tuple(sorted(needs.get(topic) or ()))
-            pool = ids
+            pool = takers(topic)
+            if not pool:  # nobody subscribed to it (cannot come from a group's own members)
+                continue
         for p in sorted(set(partitions[topic])):
             best = min(pool, key=lambda m: ((load[m] + 1) / capacity(m), load[m], m))
             assigned[best].append((topic, p))

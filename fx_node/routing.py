@@ -128,7 +128,8 @@ class ModelRouting:
         self.needs.update(needs)
         self.last_needs = needs
         routing = route({m: parse_offer(md.user_data) for m, md in members.items()},
-                        partitions, needs)
+                        partitions, needs,
+                        {m: md.subscription for m, md in members.items()})
         self.last = routing
         for topic, models in sorted(routing.unserved.items()):
             log.warning("%s: no executor in the group serves every model %s binds (%s): "

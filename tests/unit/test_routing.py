@@ -85,3 +85,25 @@ def test_needed_models_is_the_latest_binding() -> None:
     assert needed_models(None) is None
     assert serves([A], None) and serves([A, B], frozenset({A})) and not serves([A],
                                                                               frozenset({B}))
+
+
+def test_a_member_gets_only_topics_it_subscribed_to() -> None:
+    """Members subscribe by pattern and see a new topic at their own metadata refresh: a topic
+    given to a member that has not seen it would be refused by its client (a rejoin, and on a
+    broker where topics keep coming, rebalances without end: seen before this rule)."""
+    members = {"m1": offer("n1", A), "m2": offer("n2", A), "m3": offer("n3", A, B)}
+    parts = {"wl.new.out": [0], "wl.old.out": [0], "wl.b.out": [0], "wl.none.out": [0]}
+    needs = {"wl.new.out": frozenset({A}), "wl.old.out": frozenset({A}),
+             "wl.b.out": frozenset({B}), "wl.none.out": frozenset({C})}
+    subs = {"m1": ["wl.old.out"], "m2": ["wl.old.out", "wl.new.out", "wl.none.out"],
+            "m3": ["wl.old.out", "wl.b.out"]}
+    r = route(members, parts, needs, subs)
+    owner = {tp[0]: m for m, tps in r.assignment.items() for tp in tps}
+    assert owner["wl.new.out"] == "m2" and owner["wl.b.out"] == "m3"
+    for topic, m in owner.items():
+        assert topic in subs[m], (topic, m)
+    # nobody holds C: reported, and given to a member that subscribed to it
+    assert r.unserved == {"wl.none.out": (C,)} and owner["wl.none.out"] == "m2"
+    # the rule only narrows: with every member subscribed to everything, the same routing
+    everything = {m: list(parts) for m in members}
+    assert route(members, parts, needs, everything) == route(members, parts, needs)

@@ -29,9 +29,12 @@ from tests.unit.executor.helpers import request, silence_wav
 
 pytestmark = [
     pytest.mark.integration,
-    # passed 4 of 6 runs here: in the others the group never settled (three members joining
-    # generations in turn, hundreds of rebalances), seen only with the routing watch running
-    # beside the executors in one process; not yet understood (issue 27, part 5)
+    # passed 4 of 6 runs here: in the others the group never settled (hundreds of rebalances
+    # before any request is sent). Giving a member only topics it subscribed to (route's
+    # ``subscriptions``) cut one failing run from ~2,000 JoinGroups to a pass with 38, but two
+    # of the next four runs still stormed: every rejoin follows a SyncGroup refused for a
+    # rebalance, and the members split into alternating generations (e1 alone, then e2 and e3).
+    # Not yet understood, so routing by model stays opt-in (issue 27, part 5)
     pytest.mark.xfail(reason="rebalance storm in some runs: see the comment above",
                       strict=False),
 ]
