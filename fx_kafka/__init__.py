@@ -1,6 +1,7 @@
 """Kafka plumbing for ninelives-fx: a local Apache Kafka broker without Docker, a broker chooser
 for tests, and small aiokafka helpers with the project's defaults."""
 
+from fx_kafka._sync import run_sync
 from fx_kafka.client import (
     FRAME_CAP_BYTES,
     create_topics,
@@ -47,6 +48,7 @@ __all__ = [
     "make_admin",
     "make_consumer",
     "make_producer",
+    "run_sync",
     "use_security",
     "wait_ready",
 ]

@@ -23,7 +23,7 @@ from aiokafka import TopicPartition
 
 from broker_schema import decode, topics
 from broker_schema.records import EffectRequest, MergeEntry, ResponseRecord
-from fx_kafka._sync import run_sync
+from fx_kafka import run_sync
 from fx_kafka.client import make_consumer
 from tests.deploy.images import CONTAINER_PREFIX, ROOT
 from tests.deploy.test_image import free_port

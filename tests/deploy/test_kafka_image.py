@@ -37,7 +37,7 @@ def test_modules_run_against_the_kafka_image(docker_engine: str, kafka_image: st
 
 def test_restart_keeps_what_was_written(docker_engine: str, kafka_image: str) -> None:
     """The container's storage is formatted once: a restarted broker keeps its cluster and logs."""
-    from fx_kafka._sync import run_sync
+    from fx_kafka import run_sync
     from fx_kafka.client import create_topics, make_consumer, make_producer, wait_ready
 
     async def write(bootstrap: str, topic: str) -> None:
