@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from broker_schema import EffectRequest, MergeEntry, OutputRecord, decode, topics
+from broker_schema import (
+    EffectRequest,
+    MergeEntry,
+    ModelName,
+    OutputRecord,
+    ShadowEvalRecord,
+    decode,
+    topics,
+)
 from executor.engines.onnx import OnnxEngine
 from executor.models import ModelStore
 from fx_kafka.workload_log import read_topic
@@ -100,10 +108,16 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
                         if isinstance(e, MergeEntry))
 
         # --- shadow over history ------------------------------------------------------------
+        # the candidate by its registry name (issue 28): resolved when the evaluation is
+        # written, the name kept beside the hash on its shadow_eval record
+        name = f"magika-{run}"
+        reg = await asyncio.to_thread(_fx, kafka_bootstrap, "models", "register",
+                                      f"{name}@3.3", v33, "--alias", "canary")
+        assert reg.returncode == 0, reg.stderr
         html_path = tmp_path / "report.html"
         proc = await asyncio.to_thread(
             _fx, kafka_bootstrap, "shadow", wid, "--module", MODULE, "--model",
-            f"filetype={v33}", "--eval-id", hist, "--json", "--html", str(html_path))
+            f"filetype={name}@canary", "--eval-id", hist, "--json", "--html", str(html_path))
         assert proc.returncode in (0, 1), proc.stderr[-3000:]
         out = json.loads(proc.stdout)
         report = out["report"]
@@ -151,6 +165,11 @@ async def test_shadow_over_history_and_live_with_two_real_magika_models(
         ev_view = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, hist, "eval"))
         kinds = [decode(r.value).kind for r in ev_view]
         assert kinds == ["shadow_eval", "shadow_report"]
+        definition = decode(next(iter(ev_view)).value)
+        assert isinstance(definition, ShadowEvalRecord)
+        assert definition.models == {"filetype": v33}
+        assert definition.model_names == {v33: ModelName(name=name, version="3.3",
+                                                          alias="canary")}
         shadow_out = await read_topic(kafka_bootstrap, topics.shadow_stream(wid, hist, "out"))
         assert len(shadow_out) == len(history)
         assert all(isinstance(r, EffectRequest) and r.header.shadow == hist
