@@ -42,7 +42,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from broker_schema import signatures
-from broker_schema.records import FactsRecord, KeyCertRecord, KeyRevokeRecord, ResponseRecord
+from broker_schema.records import (
+    FactsRecord,
+    KeyCertRecord,
+    KeyRevokeRecord,
+    ResponseRecord,
+    Signature,
+)
 
 __all__ = [
     "KeyHistory",
@@ -52,6 +58,7 @@ __all__ = [
     "TrustedKey",
     "build_history",
     "file_receipt_key_problem",
+    "fleet_signature_problem",
     "ledger_key_judge",
     "node_keys",
     "receipt_key_problem",
@@ -132,9 +139,11 @@ class KeyHistory:
         return None
 
 
-def _fleet_problem(rec: KeyCertRecord | KeyRevokeRecord,
-                   fleet_keys: Sequence[bytes]) -> str | None:
-    sig = rec.signature
+def fleet_signature_problem(sig: Signature | None, signed: bytes,
+                            fleet_keys: Sequence[bytes]) -> str | None:
+    """Why ``sig`` over ``signed`` is not a signature by one of ``fleet_keys`` (the operator's
+    fleet keys: key certificates and revocations, the model registry's records), or None when
+    it is."""
     if sig is None:
         return "unsigned"
     by_id = {}
@@ -143,8 +152,6 @@ def _fleet_problem(rec: KeyCertRecord | KeyRevokeRecord,
             by_id[signatures.key_id(k)] = k
         except ValueError:
             continue
-    if sig.key_id != rec.issuer_key_id:
-        return f"the signature names key {sig.key_id}, the record issuer {rec.issuer_key_id}"
     key = by_id.get(sig.key_id)
     if key is None:
         return f"signed by {sig.key_id}, which is not a fleet key given to this verifier"
@@ -154,9 +161,17 @@ def _fleet_problem(rec: KeyCertRecord | KeyRevokeRecord,
         return "the signature value is not base64"
     if sig.alg != signatures.key_type(key):
         return f"the signature says {sig.alg}, the fleet key is {signatures.key_type(key)}"
-    if not signatures.verify(key, value, rec.signing_bytes()):
+    if not signatures.verify(key, value, signed):
         return "the fleet signature does not verify"
     return None
+
+
+def _fleet_problem(rec: KeyCertRecord | KeyRevokeRecord,
+                   fleet_keys: Sequence[bytes]) -> str | None:
+    sig = rec.signature
+    if sig is not None and sig.key_id != rec.issuer_key_id:
+        return f"the signature names key {sig.key_id}, the record issuer {rec.issuer_key_id}"
+    return fleet_signature_problem(sig, rec.signing_bytes(), fleet_keys)
 
 
 def record_problem(rec: KeyCertRecord | KeyRevokeRecord,

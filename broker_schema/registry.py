@@ -9,14 +9,12 @@ registry. Every mistake is a :class:`RegistryError` subclass with one line for t
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker_schema import signatures
 from broker_schema.canonical import HASH_PREFIX, is_hash
+from broker_schema.key_history import fleet_signature_problem
 from broker_schema.records import ModelAliasRecord, ModelName, ModelRecord
 
 __all__ = ["AmbiguousModel", "BadModelRef", "Registry", "RegistryError", "Resolved",
@@ -102,26 +100,7 @@ def signature_problem(record: ModelRecord | ModelAliasRecord,
                       fleet_keys: Sequence[bytes]) -> str | None:
     """Why ``record`` is not signed by one of ``fleet_keys`` (the operator's fleet key,
     ``fx models register --fleet-key``), or None when it is."""
-    sig = record.signature
-    if sig is None:
-        return "unsigned"
-    by_id = {}
-    for k in fleet_keys:
-        try:
-            by_id[signatures.key_id(k)] = k
-        except ValueError:
-            continue
-    key = by_id.get(sig.key_id)
-    if key is None:
-        return f"signed by {sig.key_id}, which is not a fleet key given"
-    try:
-        value = base64.b64decode(sig.value, validate=True)
-    except (binascii.Error, ValueError):
-        return "the signature value is not base64"
-    if sig.alg != signatures.key_type(key) or not signatures.verify(key, value,
-                                                                    record.signing_bytes()):
-        return "the fleet signature does not verify"
-    return None
+    return fleet_signature_problem(record.signature, record.signing_bytes(), fleet_keys)
 
 
 def fold_registry(records: Iterable[ModelRecord | ModelAliasRecord],

@@ -7,29 +7,18 @@ the tests skip, except under ``CI=true``, where they fail: CI must run them.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fx_kafka.docker_kafka import docker_client
 from tests.deploy import images
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the local Debian base every image here is built on (deploy/docker/base-image.sh)
 BASE_IMAGE = os.environ.get("FX_BASE_IMAGE", "fx-debian-base:bookworm")
-
-
-def _docker() -> str | None:
-    """The Docker client: FX_DOCKER, else Debian's (/usr/bin/docker: its version matches the
-    engine docker.io starts, and it builds with the engine's BuildKit), else the one on PATH."""
-    given = os.environ.get("FX_DOCKER")
-    if given:
-        return shutil.which(given)
-    if Path("/usr/bin/docker").exists():
-        return "/usr/bin/docker"
-    return shutil.which("docker")
 
 
 def _unavailable(why: str) -> None:
@@ -41,7 +30,7 @@ def _unavailable(why: str) -> None:
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[str]:
     """The docker client's path, with an engine answering (started for the session if needed)."""
-    docker = _docker()
+    docker = docker_client()
     if docker is None:
         _unavailable("no docker client on PATH (make system-deps installs docker.io)")
         raise AssertionError  # unreachable
