@@ -34,6 +34,8 @@ it has N records. Measured per topic, one after another and in a rotated order e
   it has k messages or at the timeout, unlike ``getmany``, which returns what is there), each
   message's ``error()``, ``value()``, ``headers()``, ``topic()``, ``offset()`` read; the same
   ``+ strict`` / ``+ trusted``;
+- ``aiokafka no CRC``: fetch only, with ``check_crcs=False`` (librdkafka's default,
+  ``check.crcs=false``; aiokafka's is to check every batch's CRC-32C);
 - ``ck.aio``: ``confluent_kafka.aio.AIOConsumer`` (its thread pool), ``await consume(500)``, and
   ``+ strict``.
 
@@ -213,8 +215,10 @@ def per_record(n: int, clk: Clock) -> dict[str, float]:
     return {"n": n, "cpu_us": clk.cpu / n * 1e6, "wall_us": clk.wall / n * 1e6}
 
 
-async def read_aiokafka(bootstrap: str, topic: str, n: int, dec: Decoder) -> dict[str, float]:
-    c = make_consumer(bootstrap)  # read_committed, no group: the executor's fetch settings
+async def read_aiokafka(bootstrap: str, topic: str, n: int, dec: Decoder,
+                        check_crcs: bool = True) -> dict[str, float]:
+    # read_committed, no group: the executor's fetch settings
+    c = make_consumer(bootstrap, check_crcs=check_crcs)
     tp = TopicPartition(topic, 0)
     await c.start()
     try:
@@ -294,6 +298,8 @@ def variants(bootstrap: str) -> dict[str, Callable[[str, int], Any]]:
     for suffix, dec in (("", None), (" + strict", decode), (" + trusted", decode_trusted)):
         out["aiokafka" + suffix] = (lambda d: lambda t, n: read_aiokafka(bootstrap, t, n, d))(dec)
         out["ck" + suffix] = (lambda d: lambda t, n: ck_sync(t, n, d))(dec)
+    # librdkafka does not check CRCs by default (check.crcs=false); aiokafka does
+    out["aiokafka no CRC"] = lambda t, n: read_aiokafka(bootstrap, t, n, None, check_crcs=False)
     if HAVE_AIO:
         for suffix, dec in (("", None), (" + strict", decode)):
             out["ck.aio" + suffix] = (
