@@ -11,7 +11,7 @@ Topics are filled once with N records built by the project's own constructors an
 
 - ``trivial req``: an ``EffectRequest`` for the trivial model (``y = x + 1``, a float32 [1, 16]
   tensor as the executor bench sends it, base64 inline), with the holder's ``fx-holder-sig``
-  header; ~0.8 KB;
+  header; ~0.6 KB;
 - ``magika req``: the same for magika, ``--magika-bytes`` of a Python source file inline (base64);
   ~18 KB with the default 13,500;
 - ``trivial resp`` / ``magika resp``: the executor's signed ``ResponseRecord`` for each (the
