@@ -42,7 +42,8 @@ it has N records. Measured per topic, one after another and in a rotated order e
 Each figure is process CPU time (``time.process_time``: every thread of this process, aiokafka's
 loop and librdkafka's threads alike; the broker is another process) and wall time, per record,
 from ``assign`` to the N-th record; the consumer is created and connected to the partition's
-leader (a ``ListOffsets``) before the clock starts. The run stops by itself.
+leader (a ``ListOffsets``) before the clock starts. The run stops by itself and deletes the
+topics it made.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ from broker_schema.records import (  # noqa: E402
     Timing,
 )
 from broker_schema.signatures import HOLDER_SIG_HEADER, SigningKey, holder_signature  # noqa: E402
-from fx_kafka.client import FRAME_CAP_BYTES, create_topics, make_consumer  # noqa: E402
+from fx_kafka.client import FRAME_CAP_BYTES, create_topics, make_admin, make_consumer  # noqa: E402
 from fx_kafka.testing import broker_for_tests  # noqa: E402
 
 #: the executor's ``getmany(max_records=...)`` (executor/service.py)
@@ -338,28 +339,43 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "cases": {k: {} for k in cases},
     }
     async with broker_for_tests() as bootstrap:
-        await create_topics(bootstrap, [t for t, _r, _k in cases.values()])
-        for name, (topic, recs, per_txn) in cases.items():
-            fill(bootstrap, topic, recs, per_txn)
-            print(f"filled {name}: {len(recs)} x {len(recs[0][0])} B", file=sys.stderr,
-                  flush=True)
-        readers = variants(bootstrap)
-        names = list(readers)
-        # one unrecorded pass: a fresh process's first reads pay imports, JIT of the broker...
-        for topic, _recs, _k in cases.values():
-            for reader in readers.values():
-                await reader(topic, min(n, 200))
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for case, (topic, _recs, _k) in cases.items():
-                for name in order:
-                    fig = await readers[name](topic, n)
-                    res["cases"][case].setdefault(name, []).append(fig)
-                    print(f"  round {r + 1} {case} {name}: {fig['cpu_us']:.1f} µs CPU, "
-                          f"{fig['wall_us']:.1f} µs wall per record", file=sys.stderr,
-                          flush=True)
+        names = [t for t, _r, _k in cases.values()]
+        await create_topics(bootstrap, names)
+        try:
+            await measure(bootstrap, cases, n, rounds, res)
+        finally:  # a shared broker keeps no bench topics
+            admin = make_admin(bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics(names)
+            finally:
+                await admin.close()
     res["load_after"] = os.getloadavg()
     return res
+
+
+async def measure(bootstrap: str, cases: dict[str, tuple[str, list[Rec], int]], n: int,
+                  rounds: int, res: dict[str, Any]) -> None:
+    """Fill every topic of ``cases``, then read each with every reader, ``rounds`` times."""
+    for name, (topic, recs, per_txn) in cases.items():
+        fill(bootstrap, topic, recs, per_txn)
+        print(f"filled {name}: {len(recs)} x {len(recs[0][0])} B", file=sys.stderr,
+              flush=True)
+    readers = variants(bootstrap)
+    names = list(readers)
+    # one unrecorded pass: a fresh process's first reads pay imports, JIT of the broker...
+    for topic, _recs, _k in cases.values():
+        for reader in readers.values():
+            await reader(topic, min(n, 200))
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for case, (topic, _recs, _k) in cases.items():
+            for name in order:
+                fig = await readers[name](topic, n)
+                res["cases"][case].setdefault(name, []).append(fig)
+                print(f"  round {r + 1} {case} {name}: {fig['cpu_us']:.1f} µs CPU, "
+                      f"{fig['wall_us']:.1f} µs wall per record", file=sys.stderr,
+                      flush=True)
 
 
 def table(res: dict[str, Any]) -> str:
