@@ -111,7 +111,13 @@ class ExecutorConfig(NodeConfig):
     #: parity gate"): ``fallback`` serves the model on the numpy oracle, ``refuse`` serves it not
     #: at all (its requests are answered ``parity_gate_refused``).
     parity_failure: Literal["fallback", "refuse"] = "fallback"
-    #: HTTP (health, metrics, facts). 0 picks a free port; None disables HTTP.
+    #: Executor processes on this machine (``fx executor run --processes`` overrides it):
+    #: ``auto`` one per core (at most 256), 1 this process serves (as before), N > 1 that many
+    #: child processes, node ``<node_id>-p<i>`` each with its own key, state and ledger
+    #: (:mod:`executor.processes`; docs/executor.md, "Several processes").
+    processes: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
+    #: HTTP (health, metrics, facts). 0 picks a free port; None disables HTTP. With several
+    #: processes, process ``i`` listens on ``http_port + i`` (0: a free port each).
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088
     #: On a rebalance: how long to wait for in-flight requests of revoked partitions.
     revoke_grace_s: Annotated[float, Field(ge=0)] = 10.0
