@@ -56,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     from executor.service import ExecutorService
     from fx_node.service import run_node
 
+    processes.name_log_lines()  # a child of --processes N: its lines say which
     return run_node(command, config, lambda: ExecutorService(config))
 
 

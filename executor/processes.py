@@ -50,6 +50,8 @@ MAX_DELAY_S = 30.0
 CONFIG_REFUSED = 2
 #: How long children get after SIGTERM beyond their ``shutdown_grace_s`` before SIGKILL.
 STOP_MARGIN_S = 30.0
+#: The environment variable naming a child to itself: its log lines carry ``[<node id>]``.
+PROCESS_NAME_ENV = "FX_PROCESS_NAME"
 
 
 class ProcessesError(ValueError):
@@ -163,6 +165,18 @@ def prepare_child(config: ExecutorConfig) -> Path:
     return path
 
 
+def name_log_lines(environ: Mapping[str, str] | None = None) -> None:
+    """In a child (``FX_PROCESS_NAME`` set): every log line of this process carries
+    ``[<node id>]``, so the children's lines, interleaved on the parent's stderr, are told
+    apart."""
+    name = (os.environ if environ is None else environ).get(PROCESS_NAME_ENV)
+    if not name:
+        return
+    fmt = logging.Formatter(f"%(asctime)s %(levelname)s [{name}] %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(fmt)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Linux: the child gets SIGTERM (a graceful stop) if the parent dies, even by SIGKILL."""
     try:
@@ -207,7 +221,9 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         argv = [*self.command, *(["-v"] if self.verbose else []), "executor", "run",
                 "--config", str(child.config_path), "--processes", "1"]
-        child.proc = subprocess.Popen(argv, env=child_environ(os.environ),
+        env = child_environ(os.environ)
+        env[PROCESS_NAME_ENV] = child.node_id
+        child.proc = subprocess.Popen(argv, env=env,
                                       start_new_session=True, preexec_fn=_die_with_parent)
         child.started = self.clock()
         child.restart_at = None

@@ -98,6 +98,26 @@ def test_child_environ_drops_executor_settings() -> None:
     assert env == {"FX_KAFKA_BOOTSTRAP": "b:1", "HOME": "/h"}
 
 
+def test_a_child_names_itself_in_its_log_lines() -> None:
+    import logging
+
+    handler = logging.StreamHandler()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    saved = {h: h.formatter for h in root.handlers}
+    try:
+        processes.name_log_lines({})  # not a child: nothing changes
+        assert handler.formatter is None
+        processes.name_log_lines({processes.PROCESS_NAME_ENV: "gpu-7-p3"})
+        record = logging.LogRecord("executor.service", logging.INFO, __file__, 1, "hello", None,
+                                   None)
+        assert "INFO [gpu-7-p3] executor.service: hello" in handler.format(record)
+    finally:
+        for h, f in saved.items():
+            h.setFormatter(f)
+        root.removeHandler(handler)
+
+
 def test_prepare_child_makes_key_and_config(tmp_path: Path) -> None:
     child = child_config(_config(tmp_path), 1)
     path = prepare_child(child)
