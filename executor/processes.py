@@ -265,6 +265,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         for child in self.children:
+            if self.stops:  # a signal while starting: the rest are not started
+                break
             self._spawn(child)
         status = 0
         while not self.stops:
