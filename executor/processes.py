@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from broker_schema import topics
-from executor.config import ENV_PREFIX, ExecutorConfig
+from executor.config import ENV_PREFIX, MAX_PROCESSES, ExecutorConfig
 from fx_node.identity import NodeIdentity
 
 __all__ = ["MAX_PROCESSES", "ProcessesError", "Supervisor", "child_config", "child_http_port",
@@ -39,8 +39,6 @@ __all__ = ["MAX_PROCESSES", "ProcessesError", "Supervisor", "child_config", "chi
 
 log = logging.getLogger(__name__)
 
-#: The most children ``--processes`` accepts (and what "one per core" is capped at).
-MAX_PROCESSES = 256
 #: A child that ran at least this long before it died is restarted after the first delay again.
 STABLE_S = 60.0
 #: Restart delays: ``FIRST_DELAY_S`` doubled per quick death in a row, at most ``MAX_DELAY_S``.

@@ -35,6 +35,7 @@ from executor.processes import (
 )
 from fx_cli.main import main as fx_main
 from fx_node.identity import NodeIdentity
+from fx_node.settings import ConfigError
 
 
 def _config(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
@@ -55,6 +56,14 @@ def test_resolve_processes() -> None:
                       ("two", "whole number or 'auto', not 'two'")):
         with pytest.raises(ProcessesError, match=said):
             resolve_processes(bad, 8)
+
+
+def test_the_config_setting(tmp_path: Path) -> None:
+    assert _config(tmp_path).processes == "auto"
+    assert load_config(environ={"FX_EXECUTOR_PROCESSES": "4"}).processes == 4
+    for bad in ("0", "257", "x", "1.5", "true"):
+        with pytest.raises(ConfigError, match="processes must be 'auto' or a whole number"):
+            load_config(environ={"FX_EXECUTOR_PROCESSES": bad})
 
 
 def test_cores_is_what_this_process_may_use() -> None:
