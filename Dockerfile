@@ -121,6 +121,7 @@ ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_MODEL_DIR=/opt/ninelives-fx/models \
     FX_EXECUTOR_MODEL_DIR=/opt/ninelives-fx/models \
     FX_EXECUTOR_HTTP_HOST=0.0.0.0 \
+    FX_EXECUTOR_PROCESSES=1 \
     FX_EXECUTOR_INTEGER_BACKEND=auto
 USER 10001:10001
 WORKDIR /var/lib/ninelives-fx
@@ -142,6 +143,7 @@ ENV PATH=/opt/ninelives-fx/venv/bin:$PATH \
     FX_MODEL_DIR=/opt/ninelives-fx/models \
     FX_EXECUTOR_MODEL_DIR=/opt/ninelives-fx/models \
     FX_EXECUTOR_HTTP_HOST=0.0.0.0 \
+    FX_EXECUTOR_PROCESSES=1 \
     FX_EXECUTOR_INTEGER_BACKEND=oracle
 USER 10001:10001
 WORKDIR /var/lib/ninelives-fx

@@ -37,6 +37,7 @@ def executor_settings(bootstrap: str, workload_id: str, work: Path, model_dir: P
         "model_dir": str(model_dir), "key_file": str(work / "node.key"),
         "chunk_dir": str(work / "chunks"), "http_port": None, "metadata_max_age_ms": 500,
         "facts_interval_s": 0,
+        "processes": 1,  # this node id serves, in the one process (not one child per core)
     }
     settings.update(overrides)
     return settings

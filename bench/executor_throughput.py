@@ -16,6 +16,14 @@ Python source file):
   (both broker LogAppendTime, so one clock);
 - ``executor sequential``: one request at a time (write, wait for the response): the latency floor.
 
+``--processes N`` (``auto``: one per core) measures instead the trivial model's burst through
+``fx executor run --processes N`` (a real subprocess: N child nodes in the same consumer groups)
+over N workloads (one ``.out`` partition each, so round robin gives each child one): the
+requests per second of the machine (all requests, first append to last response append) and of
+each process (its node's responses over its own span), for ``max_batch`` 1 and 8:
+
+    .venv/bin/python bench/executor_throughput.py --processes auto --requests 2000
+
 Every mode is bounded by a request count and a timeout; the run stops by itself.
 """
 
@@ -25,8 +33,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -200,6 +211,161 @@ class Bench:
             await producer.stop()
 
 
+def trivial_case(store: ModelStore, tmp: Path) -> tuple[Any, dict[str, Any], bytes, str]:
+    """The trivial model (imported into ``store``): its manifest, direct feeds, the request
+    input and a description."""
+    trivial_path = tmp / "add1.onnx"
+    if trivial_model(trivial_path):
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        return (store.import_path(trivial_path, name="add1"), {"x": x},
+                json.dumps({"inputs": {"x": {"dtype": "float32", "shape": [1, 16],
+                                             "data": x.ravel().tolist()}}}).encode(),
+                "onnx helper: y = x + 1, float32 [1, 16]")
+    src = locate_package_model("silero_vad", "data/silero_vad_16k_op15.onnx")
+    feeds = {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32),
+             "sr": np.array(16000, np.int64)}
+    data = json.dumps({"inputs": {
+        "input": {"dtype": "float32", "shape": [1, 576], "data": [0.0] * 576},
+        "state": {"dtype": "float32", "shape": [2, 1, 128], "data": [0.0] * 256},
+        "sr": {"dtype": "int64", "shape": [], "data": 16000}}}).encode()
+    return (store.import_path(src, name="silero-op15"), feeds, data,
+            "silero-vad op15, one 512-sample chunk (onnx missing)")
+
+
+async def processes_burst(bootstrap: str, store: ModelStore, tmp: Path, model_hash: str,
+                          data: bytes, *, processes: int, per_process: int, max_batch: int,
+                          timeout: float = 300.0) -> dict[str, Any]:
+    """``per_process`` requests for each of ``processes`` workloads written at once, answered by
+    ``fx executor run --processes N``: requests/s of the machine and of each process."""
+    run = uuid.uuid4().hex[:8]
+    wids = [f"benchp{run}-{i}" for i in range(processes)]
+    for wid in wids:
+        await ensure_workload_topics(bootstrap, wid)
+    work = tmp / f"procs-{run}"
+    work.mkdir()
+    config = work / "executor.json"
+    config.write_text(json.dumps(executor_settings(
+        bootstrap, wids[0], work, store.root, node_id=f"bench-{run}",
+        group_prefix=f"bench-{run}", topic_pattern=rf"^wl\.benchp{run}-[0-9]+\.out$",
+        workers=1, max_batch=max_batch, kinds={INFERENCE_KIND: 10_000},
+        preload=[model_hash], device="cpu", session_timeout_ms=6000,
+        heartbeat_interval_ms=500)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_EXECUTOR_")}
+    log = (work / "executor.log").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "fx_cli.main", "executor", "run", "--config",
+                             str(config), "--processes", str(processes)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    consumer = make_consumer(bootstrap, isolation_level="read_uncommitted")
+    await consumer.start()
+    body = InlineBody.of_bytes(data)
+    offsets = dict.fromkeys(wids, 0)
+    tps = [TopicPartition(topics.resp(w), 0) for w in wids]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    #: (workload, request offset) -> (response append ms, node)
+    answered: dict[tuple[str, int], tuple[int, str]] = {}
+    try:
+        for wid in wids:
+            await producer.send_and_wait(topics.spec(wid), encode(SpecRecord(
+                workload_id=wid, module_hash="sha256:" + "1" * 64,
+                effect_kinds=(INFERENCE_KIND,), models={"m": model_hash})))
+            await producer.send_and_wait(topics.claims(wid), encode(ClaimRecord(
+                workload_id=wid, epoch=1, holder_id="bench", spec_hash="sha256:" + "0" * 64,
+                spec_offset=0)))
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.seek_to_beginning(tp)
+
+        async def send(wid: str) -> Any:
+            i = offsets[wid]
+            offsets[wid] += 1
+            return await producer.send(topics.out(wid), encode(EffectRequest(
+                header=EffectHeader(workload_id=wid, input_offset=i, index=0, epoch=1),
+                effect_kind=INFERENCE_KIND, model=model_hash, input=body,
+                deadline_ms=600_000)))
+
+        async def drain(until: int) -> None:
+            while len(answered) < until:
+                if loop.time() > deadline or proc.poll() is not None:
+                    raise TimeoutError(f"{len(answered)}/{until} answered (executor "
+                                       f"{proc.poll()}; log {work / 'executor.log'})")
+                batch = await consumer.getmany(*tps, timeout_ms=200)
+                for tp, msgs in batch.items():
+                    for msg in msgs:
+                        rec = decode(msg.value)
+                        if isinstance(rec, ResponseRecord):
+                            assert rec.outcome == "ok", rec.error
+                            answered[(tp.topic, rec.request_offset)] = (msg.timestamp,
+                                                                        rec.written_by)
+
+        # warm up until each workload is answered by a node of its own (the group settled)
+        while True:
+            for wid in wids:
+                await (await send(wid))
+            await drain(len(answered) + len(wids))
+            last = {t: max((k[1], v[1]) for k, v in answered.items() if k[0] == t)[1]
+                    for t in (topics.resp(w) for w in wids)}
+            if len(set(last.values())) == processes:
+                break
+            await asyncio.sleep(0.5)
+        warm = len(answered)
+        sent: dict[tuple[str, int], int] = {}
+        futs = [(w, await send(w)) for _ in range(per_process) for w in wids]
+        for wid, fut in futs:
+            meta = await fut
+            sent[(topics.resp(wid), meta.offset)] = meta.timestamp
+        await drain(warm + len(sent))
+        burst = {k: answered[k] for k in sent}
+        span = (max(t for t, _ in burst.values()) - min(sent.values())) / 1000
+        nodes: dict[str, list[tuple[str, int]]] = {}
+        for k, (_, node) in burst.items():
+            nodes.setdefault(node, []).append(k)
+        per_node = {}
+        for node, keys in sorted(nodes.items()):
+            s_ = (max(burst[k][0] for k in keys) - min(sent[k] for k in keys)) / 1000
+            per_node[node] = {"requests": len(keys),
+                              "rps": round(len(keys) / s_, 1) if s_ > 0 else 0.0}
+        machine = round(len(sent) / span, 1) if span > 0 else 0.0
+        return {"processes": processes, "max_batch": max_batch, "requests": len(sent),
+                "machine_rps": machine, "per_process_rps_mean": round(machine / processes, 1),
+                "per_process": per_node}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        await consumer.stop()
+        await producer.stop()
+
+
+async def main_processes(args: argparse.Namespace) -> dict[str, Any]:
+    """``--processes N``: the trivial model's burst per process and per machine."""
+    from executor.processes import cores, resolve_processes
+
+    n = resolve_processes(args.processes, cores())
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cores": cores(), "python": platform.python_version(), "load": os.getloadavg(),
+    }
+    with tempfile.TemporaryDirectory(prefix="fx-bench-") as d:
+        tmp = Path(d)
+        store = ModelStore(tmp / "models")
+        trivial, _, data, what = trivial_case(store, tmp)
+        results["trivial_model"] = what
+        async with broker_for_tests() as bootstrap:
+            await ensure_system_topics(bootstrap)
+            results["bursts"] = [
+                await processes_burst(bootstrap, store, tmp, trivial.hash, data, processes=n,
+                                      per_process=args.requests, max_batch=mb)
+                for mb in (1, 8)]
+    results["load_after"] = os.getloadavg()
+    return results
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.requests
     results: dict[str, Any] = {
@@ -211,25 +377,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(d)
         store = ModelStore(tmp / "models")
         magika = store.import_package("magika")
-        trivial_path = tmp / "add1.onnx"
-        if trivial_model(trivial_path):
-            trivial = store.import_path(trivial_path, name="add1")
-            x = np.arange(16, dtype=np.float32).reshape(1, 16)
-            trivial_feeds: dict[str, Any] = {"x": x}
-            trivial_input = json.dumps({"inputs": {"x": {
-                "dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}).encode()
-            results["trivial_model"] = "onnx helper: y = x + 1, float32 [1, 16]"
-        else:
-            src = locate_package_model("silero_vad", "data/silero_vad_16k_op15.onnx")
-            trivial = store.import_path(src, name="silero-op15")
-            trivial_feeds = {"input": np.zeros((1, 576), np.float32),
-                             "state": np.zeros((2, 1, 128), np.float32),
-                             "sr": np.array(16000, np.int64)}
-            trivial_input = json.dumps({"inputs": {
-                "input": {"dtype": "float32", "shape": [1, 576], "data": [0.0] * 576},
-                "state": {"dtype": "float32", "shape": [2, 1, 128], "data": [0.0] * 256},
-                "sr": {"dtype": "int64", "shape": [], "data": 16000}}}).encode()
-            results["trivial_model"] = "silero-vad op15, one 512-sample chunk (onnx missing)"
+        trivial, trivial_feeds, trivial_input, results["trivial_model"] = trivial_case(store,
+                                                                                      tmp)
         py = (ROOT / "fx_node" / "admission.py").read_bytes()
         cfg = magika.config
 
@@ -272,9 +421,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--processes", metavar="N|auto",
+                        help="measure the trivial model's burst through fx executor run "
+                        "--processes N instead (--requests per process)")
     a = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    res = asyncio.run(main(a))
+    res = asyncio.run(main_processes(a) if a.processes else main(a))
     text = json.dumps(res, indent=2)
     print(text)
     if a.json:

@@ -12,6 +12,9 @@ else a local Apache Kafka started for the run, as the tests do (``fx_kafka.testi
   (bench/effect_roundtrip.py)
 - ``executor``: trivial-model burst requests/s per process (max_batch 1 and 8), executor on magika
   ÷ direct onnxruntime (bench/executor_throughput.py)
+- ``processes``: the trivial-model burst through ``fx executor run --processes auto`` (one
+  child node per core), requests/s per machine and per process, max_batch 1 and 8
+  (bench/executor_throughput.py --processes)
 - ``replay``: replay vs re-running the model on the same inputs, magika and the integer LLM
   (bench/replay_speed.py)
 - ``integer``: integer oracle decode tokens/s ÷ float32 numpy, 1 stream and a batch of 4
@@ -80,6 +83,15 @@ def _integer(kind: str, engine: str = "integer oracle-native") -> Callable[[dict
     return read
 
 
+def _burst(i: int, key: str) -> Callable[[dict[str, Any]], float]:
+    """``key`` of the ``i``-th burst of bench/executor_throughput.py --processes."""
+    return lambda r: float(r["bursts"][i][key])
+
+
+def _at_least(goal: float) -> Callable[[float], bool]:
+    return lambda v: v >= goal
+
+
 #: script name -> (argv for full, argv for quick, timeout s, needs a broker, figures)
 SCRIPTS: dict[str, tuple[list[str], list[str], int, bool, list[Figure]]] = {
     "roundtrip": (
@@ -103,6 +115,19 @@ SCRIPTS: dict[str, tuple[list[str], list[str], int, bool, list[Figure]]] = {
                    lambda r: _ratio(r, "magika_burst_batch8"), lambda v: v >= 0.9),
             Figure("executor on magika ÷ direct onnxruntime, burst, max_batch 1", "≥ 0.9×",
                    lambda r: _ratio(r, "magika_burst_batch1"), lambda v: v >= 0.9),
+        ]),
+    # every core: fx executor run --processes auto (one child node per core), trivial model
+    "processes": (
+        ["bench/executor_throughput.py", "--processes", "auto", "--requests", "1000", "--json",
+         "{json}"],
+        ["bench/executor_throughput.py", "--processes", "auto", "--requests", "200", "--json",
+         "{json}"], 480, True, [
+            Figure(f"executor, trivial model, burst, max_batch {mb}, --processes auto, per "
+                   f"{'machine' if machine else 'process (mean)'}",
+                   "≥ 10,000 req/s" if machine else "(reported)",
+                   _burst(i, "machine_rps" if machine else "per_process_rps_mean"),
+                   _at_least(10_000) if machine else None, " req/s")
+            for i, mb in enumerate((1, 8)) for machine in (True, False)
         ]),
     "replay": (
         ["bench/replay_speed.py", "--json"],

@@ -29,19 +29,35 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    overrides = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
+    from executor import processes
+
+    command = "fx executor run"
+    overrides: dict[str, Any] = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
     try:
+        if args.processes is not None:  # checked here: one line for a bad N
+            overrides["processes"] = (
+                "auto" if args.processes == "auto"
+                else processes.resolve_processes(args.processes, processes.cores()))
         config = load_config(args.config, **overrides)
-    except ConfigError as exc:
-        print(f"fx executor run: {exc}", file=sys.stderr)
+        n = processes.resolve_processes(config.processes, processes.cores())
+        children = processes.describe(config, n) if n > 1 else {}
+    except (ConfigError, processes.ProcessesError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(config)
+        for child_id, where in children.items():
+            print(f"# process {child_id}: key_file = {json.dumps(where['key_file'])}, "
+                  f"http_port = {json.dumps(where['http_port'])}")
         return 0
+    if n > 1:
+        return processes.run_processes(command, config, n,
+                                       verbose=bool(getattr(args, "verbose", False)))
     from executor.service import ExecutorService
     from fx_node.service import run_node
 
-    return run_node("fx executor run", config, lambda: ExecutorService(config))
+    processes.name_log_lines()  # a child of --processes N: its lines say which
+    return run_node(command, config, lambda: ExecutorService(config))
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -132,6 +148,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--onnx-provider", choices=("auto", "cuda", "cpu"),
                      help="ONNX Runtime execution provider (overrides the config's "
                           "onnx_provider; cuda falls back to cpu, with the reason logged)")
+    run.add_argument("--processes", metavar="N|auto",
+                     help="executor processes on this machine (overrides the config's "
+                          "processes; default auto: one per core): 1 serves in this process, "
+                          "N > 1 runs N child processes, node <node_id>-p<i> each "
+                          "(docs/executor.md, \"Several processes\")")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")

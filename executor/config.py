@@ -23,9 +23,11 @@ from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
 from fx_node.settings import NodeConfig, default_data_dir, load_settings
 
-__all__ = ["ENV_PREFIX", "ExecutorConfig", "load_config"]
+__all__ = ["ENV_PREFIX", "MAX_PROCESSES", "ExecutorConfig", "load_config"]
 
 ENV_PREFIX = "FX_EXECUTOR_"
+#: The most executor processes one ``fx executor run`` starts (``processes``, ``--processes``).
+MAX_PROCESSES = 256
 
 
 def _default_node_id() -> str:
@@ -111,7 +113,13 @@ class ExecutorConfig(NodeConfig):
     #: parity gate"): ``fallback`` serves the model on the numpy oracle, ``refuse`` serves it not
     #: at all (its requests are answered ``parity_gate_refused``).
     parity_failure: Literal["fallback", "refuse"] = "fallback"
-    #: HTTP (health, metrics, facts). 0 picks a free port; None disables HTTP.
+    #: Executor processes on this machine (``fx executor run --processes`` overrides it):
+    #: ``auto`` one per core (at most 256), 1 this process serves (as before), N > 1 that many
+    #: child processes, node ``<node_id>-p<i>`` each with its own key, state and ledger
+    #: (:mod:`executor.processes`; docs/executor.md, "Several processes").
+    processes: int | Literal["auto"] = "auto"
+    #: HTTP (health, metrics, facts). 0 picks a free port; None disables HTTP. With several
+    #: processes, process ``i`` listens on ``http_port + i`` (0: a free port each).
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8088
     #: On a rebalance: how long to wait for in-flight requests of revoked partitions.
     revoke_grace_s: Annotated[float, Field(ge=0)] = 10.0
@@ -135,6 +143,20 @@ class ExecutorConfig(NodeConfig):
         return self.key_file.with_name(self.key_file.name + ".receipt-chain.json")
 
 
+
+    @field_validator("processes", mode="before")
+    @classmethod
+    def _check_processes(cls, value: Any) -> int | str:
+        if value == "auto":
+            return "auto"
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = 0
+        if isinstance(value, bool) or not 1 <= n <= MAX_PROCESSES or str(n) != str(value).strip():
+            raise ValueError(f"processes must be 'auto' or a whole number 1..{MAX_PROCESSES}, "
+                             f"not {value!r}")
+        return n
 
     @field_validator("node_id")
     @classmethod

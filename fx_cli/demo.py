@@ -155,7 +155,9 @@ def _write_executor_config(path: Path, bootstrap: str, wid: str, store: Path, no
         "model_dir": str(store), "key_file": str(path.with_suffix(".key")),
         "chunk_dir": str(path.parent / "chunks"), "http_port": None,
         "metadata_max_age_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 500,
-        "facts_interval_s": 0, "device": "cpu", **extra,
+        "facts_interval_s": 0, "device": "cpu",
+        "processes": 1,  # the demo's node is this id, in one process (not one child per core)
+        **extra,
     }
     path.write_text(json.dumps(config))
 

@@ -39,6 +39,7 @@ def executor_config(bootstrap: str, workload_id: str, work: Path, model_dir: Pat
         "chunk_dir": str(work / "chunks"), "http_port": None,
         "metadata_max_age_ms": 500, "session_timeout_ms": 6000,
         "heartbeat_interval_ms": 500, "facts_interval_s": 0, "device": "cpu",
+        "processes": 1,  # this node id serves, in the one process (not one child per core)
     }
     config.update(overrides)
     return config
