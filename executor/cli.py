@@ -29,7 +29,11 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    overrides = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
+    overrides: dict[str, Any] = {}
+    if args.onnx_provider:
+        overrides["onnx_provider"] = args.onnx_provider
+    if args.no_route_by_model:
+        overrides["route_by_model"] = False
     try:
         config = load_config(args.config, **overrides)
     except ConfigError as exc:
@@ -132,6 +136,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--onnx-provider", choices=("auto", "cuda", "cpu"),
                      help="ONNX Runtime execution provider (overrides the config's "
                           "onnx_provider; cuda falls back to cpu, with the reason logged)")
+    run.add_argument("--no-route-by-model", action="store_true",
+                     help="assign workloads round robin instead of by model (overrides the "
+                          "config's route_by_model; docs/operations.md, Routing by model)")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")
