@@ -32,7 +32,11 @@ def _run(args: argparse.Namespace) -> int:
     from executor import processes
 
     command = "fx executor run"
-    overrides: dict[str, Any] = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
+    overrides: dict[str, Any] = {}
+    if args.onnx_provider:
+        overrides["onnx_provider"] = args.onnx_provider
+    if args.no_route_by_model:
+        overrides["route_by_model"] = False
     try:
         if args.processes is not None:  # checked here: one line for a bad N
             overrides["processes"] = (
@@ -153,6 +157,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           "processes; default auto: one per core): 1 serves in this process, "
                           "N > 1 runs N child processes, node <node_id>-p<i> each "
                           "(docs/executor.md, \"Several processes\")")
+    run.add_argument("--no-route-by-model", action="store_true",
+                     help="assign workloads round robin instead of by model (overrides the "
+                          "config's route_by_model; docs/operations.md, Routing by model)")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")

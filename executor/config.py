@@ -94,9 +94,10 @@ class ExecutorConfig(NodeConfig):
     onnx_provider: Literal["auto", "cuda", "cpu"] = "auto"
     #: Route by model (docs/operations.md, "Routing by model"): this node's kind groups assign
     #: workloads with the model assignor (each workload to a member holding every model its
-    #: spec binds). Off by default while the rebalance behaviour under load is being checked;
-    #: every member of a group must have it on for the group to use it.
-    route_by_model: bool = False
+    #: spec binds), round robin as the fallback protocol. On by default; off (``false``,
+    #: ``FX_EXECUTOR_ROUTE_BY_MODEL=false``, ``fx executor run --no-route-by-model``) the node
+    #: offers round robin alone, and a group with such a member assigns round robin.
+    route_by_model: bool = True
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
     #: Kinds served without a model: effect kind -> ``module:factory`` of a

@@ -32,6 +32,7 @@ from aiokafka.errors import (
 )
 
 from broker_schema.limits import BROKER_MESSAGE_MAX_BYTES
+from fx_kafka import group_join
 from fx_kafka.errors import BrokerAuthError, BrokerNotReadyError, MirrorCopyError
 from fx_kafka.replication import ReplicationSettings
 from fx_kafka.retry import jittered_backoff_s
@@ -357,7 +358,8 @@ def make_consumer(
 ) -> AIOKafkaConsumer:
     """An (unstarted) consumer with the project's defaults: ``read_committed``, from the earliest
     offset, no auto commit, fetch sizes that admit a record at the frame cap, the security
-    settings in force (:mod:`fx_kafka.security`). ``kw`` overrides."""
+    settings in force (:mod:`fx_kafka.security`). ``kw`` overrides. A consumer with several
+    assignors joins with one request for all (:mod:`fx_kafka.group_join`)."""
     options: dict[str, Any] = {
         "bootstrap_servers": bootstrap,
         **_security_options(security),
@@ -369,6 +371,7 @@ def make_consumer(
         "fetch_max_bytes": max(52_428_800, FRAME_CAP_BYTES),
     }
     options.update(kw)
+    group_join.install()  # one JoinGroup per rejoin (aiokafka 0.14.0 sends one per assignor)
     consumer = AIOKafkaConsumer(*topics, **options)
     pace_metadata_updates(consumer._client)
     return consumer

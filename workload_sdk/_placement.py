@@ -2,11 +2,13 @@
 
 A workload is placed only where what it binds can run: every effect kind its spec binds is
 served by a live node (an executor or an actuator gateway) on ``sys.facts``, at the guarantee
-the spec declares for it (``SpecRecord.guarantees``), and every model hash of its latest binding
+the spec declares for it (``SpecRecord.guarantees``), every model hash of its latest binding
 (what its steps from the latest switch on name) is present on a live node that serves one of the
-kinds it binds. "Live": its latest facts were written at most ``max_age_s`` ago by the holder's
-clock (nodes republish every ``facts_interval_s``, 60 s by default). docs/actuation.md,
-"Placement".
+kinds it binds, and one such node holds all of them: executors route by model (a workload's
+requests go to one member of a kind's group, one holding every model of that binding,
+:mod:`broker_schema.routing`), so models spread over several nodes serve nothing. "Live": its
+latest facts were written at most ``max_age_s`` ago by the holder's clock (nodes republish
+every ``facts_interval_s``, 60 s by default). docs/actuation.md, "Placement".
 """
 
 from __future__ import annotations
@@ -14,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker_schema import FactsRecord, SpecRecord
+from broker_schema.routing import LATEST_BINDING, needed_models, serves
 
 __all__ = ["LATEST_BINDING", "chunk_store_problem", "live_facts", "placement_missing"]
-
-#: The input offset whose binding :func:`placement_missing` checks: past every switch.
-LATEST_BINDING = 2**53 - 1
 
 
 def live_facts(facts: Iterable[FactsRecord], *, now_us: int, max_age_s: float
@@ -33,8 +33,9 @@ def live_facts(facts: Iterable[FactsRecord], *, now_us: int, max_age_s: float
 
 def placement_missing(spec: SpecRecord, facts: Iterable[FactsRecord], *, now_us: int,
                       max_age_s: float) -> list[str]:
-    """What no live node serves, as ``kind <kind>``, ``kind <kind> as <guarantee>`` and
-    ``model <hash>``; empty when the workload can be placed."""
+    """What no live node serves, as ``kind <kind>``, ``kind <kind> as <guarantee>``,
+    ``model <hash>`` and, when each model is held by some node but none holds them all,
+    ``models <hash> + <hash> together``; empty when the workload can be placed."""
     live = live_facts(facts, now_us=now_us, max_age_s=max_age_s)
     missing: list[str] = []
     for kind in spec.effect_kinds:
@@ -43,10 +44,14 @@ def placement_missing(spec: SpecRecord, facts: Iterable[FactsRecord], *, now_us:
                    for f in live for k in f.kinds):
             missing.append(f"kind {kind}" + (f" as {want}" if want else ""))
     bound = set(spec.effect_kinds)
-    for model in sorted(set(spec.models_at(LATEST_BINDING).values())):
-        if not any(model in f.models_present and bound & {k.kind for k in f.kinds}
-                   for f in live):
+    holders = [f for f in live if bound & {k.kind for k in f.kinds}]
+    needed = needed_models(spec) or frozenset()
+    for model in sorted(needed):
+        if not any(model in f.models_present for f in holders):
             missing.append(f"model {model}")
+    if (len(needed) > 1 and not any(m.startswith("model ") for m in missing)
+            and not any(serves(f.models_present, needed) for f in holders)):
+        missing.append(f"models {' + '.join(sorted(needed))} together")
     return missing
 
 

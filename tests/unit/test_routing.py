@@ -107,3 +107,30 @@ def test_a_member_gets_only_topics_it_subscribed_to() -> None:
     # the rule only narrows: with every member subscribed to everything, the same routing
     everything = {m: list(parts) for m in members}
     assert route(members, parts, needs, everything) == route(members, parts, needs)
+
+
+def test_the_join_metadata_is_the_same_bytes_for_the_same_facts() -> None:
+    # the coordinator starts a rebalance whenever a known member rejoins with other metadata:
+    # the same models, in whatever order the facts list them, must give the same bytes
+    from broker_schema.records import FactsRecord, KindServed
+    from fx_node.routing import ModelRouting
+
+    def facts(*models: str) -> FactsRecord:
+        return FactsRecord(node_id="n1", kinds=(KindServed(kind=INFERENCE_KIND, queue_limit=4),),
+                           models_present=models, models_loaded=models[:1],
+                           public_key="MCowBQYDK2VwAyEA", key_id=A, updated_us=1)
+
+    async def read(_: str) -> None:
+        return None
+
+    seen = [facts(A, B, C), facts(C, A, B), facts(B, C, A)]
+    routing = ModelRouting(node_id="n1", kind=INFERENCE_KIND, capacity=4, facts=lambda: seen[0],
+                           spec_of=lambda _: None, read_spec=read)
+    assignor = routing.assignor()
+    built = set()
+    for _ in range(3):
+        built.add(assignor.metadata({"wl.b.out", "wl.a.out", "wl.c.out"}).encode())
+        seen.pop(0)
+    assert len(built) == 1
+    assert routing.sent == offer_bytes(MemberOffer(
+        node_id="n1", models=frozenset({A, B, C}), kinds=frozenset({INFERENCE_KIND}), capacity=4))

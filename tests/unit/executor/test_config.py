@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,22 @@ def test_a_misplaced_or_unknown_top_level_table_is_refused_naming_its_place(
     path.write_text('[executor]\nnode_id = "n1"\n\n[executor.kafka_security]\n'
                     'security_protocol = "PLAINTEXT"\n')
     assert load_config(path, environ={}).kafka_security == {"security_protocol": "PLAINTEXT"}
+
+
+def test_routing_by_model_is_the_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    assert load_config(environ={}).route_by_model is True
+    assert load_config(environ={"FX_EXECUTOR_ROUTE_BY_MODEL": "false"}).route_by_model is False
+    path = tmp_path / "exec.toml"
+    path.write_text("[executor]\nroute_by_model = false\n")
+    assert load_config(path, environ={}).route_by_model is False
+    repo = Path(__file__).resolve().parents[3]
+
+    def printed(*flag: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fx_cli.main", "executor", "run", "--print-config", *flag],
+            cwd=repo, capture_output=True, text=True, timeout=120, check=False,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "HOME": str(tmp_path)})
+        return proc.stdout + proc.stderr
+
+    assert "route_by_model = true" in printed()
+    assert "route_by_model = false" in printed("--no-route-by-model")

@@ -35,6 +35,7 @@ from workload_sdk._round import alarms_for
 KIND = "acme:valve/set@1.0.0"
 H = "sha256:" + "1" * 64
 M = "sha256:" + "2" * 64
+N = "sha256:" + "3" * 64
 
 
 def _result(outcome: str, *, seq: int = 5, effect_id: str = "w/2/0@1") -> EffectResult:
@@ -196,3 +197,23 @@ def test_a_timeout_alarms_for_actuation_kinds_only() -> None:
                           now_us=1)
     assert alarm.alarm_id == "w/1/0@2" and alarm.guarantee == "idempotent"
     assert alarm.cause == "timeout" and alarm.accepted_by is None
+
+
+def test_placement_wants_one_node_holding_every_model_of_the_binding() -> None:
+    # executors route by model: a workload's requests all go to one member, so two models
+    # held by two different nodes serve nothing (broker_schema.routing)
+    spec = SpecRecord(workload_id="w", module_hash=H,
+                      effect_kinds=("ninelives:inference/run@0.1.0",), models={"a": M, "b": N})
+    now = 1_000_000_000
+    infer = KindServed(kind="ninelives:inference/run@0.1.0", queue_limit=4)
+    apart = [_facts("e1", [infer], models=(M,)), _facts("e2", [infer], models=(N,))]
+    assert placement_missing(spec, apart, now_us=now, max_age_s=60) == [
+        f"models {' + '.join(sorted((M, N)))} together"]
+    # a model missing everywhere is named alone (not also "together")
+    assert placement_missing(spec, apart[:1], now_us=now, max_age_s=60) == [f"model {N}"]
+    both = [*apart, _facts("e3", [infer], models=(N, M))]
+    assert placement_missing(spec, both, now_us=now, max_age_s=60) == []
+    # a node holding both but serving no kind the spec binds does not count
+    other = KindServed(kind="acme:other/run@1.0.0", queue_limit=4)
+    assert placement_missing(spec, [*apart, _facts("e3", [other], models=(M, N))], now_us=now,
+                             max_age_s=60) == [f"models {' + '.join(sorted((M, N)))} together"]
