@@ -146,7 +146,8 @@ async def _log(bootstrap: str, topic: str, until: int) -> list[Any]:
         await consumer.stop()
 
 
-async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
+async def effect_hops(bootstrap: str, n: int, tmp: Path, *,
+                      speculative_reads: bool = False) -> dict[str, Any]:
     store = ModelStore(tmp / "models")
     trivial_model(tmp / "add1.onnx")
     model = store.import_path(tmp / "add1.onnx", name="add1").hash
@@ -159,7 +160,8 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     await producer.send_and_wait(topics.spec(wid), encode(spec), partition=0)
     cfg = load_config(environ={}, **executor_settings(
         bootstrap, wid, tmp, store.root, node_id=f"hops-{wid}", group_prefix=f"hops-{wid}",
-        workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000}, preload=[model]))
+        workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000}, preload=[model],
+        speculative_reads=speculative_reads))
     points = TimingPoints()
     points.install()
     service = ExecutorService(cfg)
@@ -216,8 +218,12 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     commit = [points.committed[requests[e]] - requests[e] for e in order
               if requests[e] in points.committed]
     read = [points.read[requests[e]] - requests[e] for e in order if requests[e] in points.read]
-    return {"request_to_commit": summary(commit), "request_to_executor_read": summary(read),
-            "executor_catch_up": summary(points.catch_up_ms[1:]),
+    spec = {r: service.metrics.speculative.labels(r)._value.get()
+            for r in ("prepared", "ran", "hit", "miss", "expired")} if speculative_reads else {}
+    return {"speculative_reads": spec, "request_to_commit": summary(commit),
+            "request_to_executor_read": summary(read),
+            "executor_catch_up": summary(points.catch_up_ms[1:]) if points.catch_up_ms[1:]
+            else {"n": 0},
             "request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
             "response_to_step": summary(resp_step), "roundtrip": summary(roundtrips)}
 
@@ -227,6 +233,8 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bootstrap", default=os.environ.get("FX_KAFKA_BOOTSTRAP"))
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--speculative-reads", action="store_true",
+                        help="the executor with speculative_reads on")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fx-hops-") as d:
         if args.bootstrap:
@@ -238,7 +246,7 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, Any]:
     await ensure_system_topics(bootstrap)
     pp = summary(await ping_pong(bootstrap, args.n, warmup=20))
-    hops = await effect_hops(bootstrap, args.n, tmp)
+    hops = await effect_hops(bootstrap, args.n, tmp, speculative_reads=args.speculative_reads)
     report = {"n": args.n, "load": os.getloadavg()[0], "ping_pong": pp, **hops,
               "ratio_p50": round(hops["roundtrip"]["p50_ms"] / pp["p50_ms"], 2),
               "ratio_p99": round(hops["roundtrip"]["p99_ms"] / pp["p99_ms"], 2)}

@@ -29,7 +29,9 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    overrides = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
+    overrides: dict[str, Any] = {"onnx_provider": args.onnx_provider} if args.onnx_provider else {}
+    if args.speculative_reads is not None:
+        overrides["speculative_reads"] = args.speculative_reads
     try:
         config = load_config(args.config, **overrides)
     except ConfigError as exc:
@@ -132,6 +134,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--onnx-provider", choices=("auto", "cuda", "cpu"),
                      help="ONNX Runtime execution provider (overrides the config's "
                           "onnx_provider; cuda falls back to cpu, with the reason logged)")
+    run.add_argument("--speculative-reads", action=argparse.BooleanOptionalAction,
+                     default=None,
+                     help="prepare inference requests while their transaction is open, "
+                          "answer them once it commits (overrides the config's "
+                          "speculative_reads; docs/executor.md, \"Speculative reads\")")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")

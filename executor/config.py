@@ -95,6 +95,13 @@ class ExecutorConfig(NodeConfig):
     #: spec binds). Off by default while the rebalance behaviour under load is being checked;
     #: every member of a group must have it on for the group to use it.
     route_by_model: bool = False
+    #: Speculative reads (docs/executor.md, "Speculative reads"): a second consumer reads this
+    #: node's request partitions ``read_uncommitted`` and prepares each inference request
+    #: (decoded, claims/spec caught up, holder checked, a µs-scale model run) while the
+    #: holder's transaction is open; nothing is written before the request is read committed.
+    #: Never for a kind served without a model (``handlers``). Off by default: it did not bring
+    #: the round trip under 1.5x a ping-pong (docs/benchmarks.md, issue 29, "The round trip").
+    speculative_reads: bool = False
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
     #: Kinds served without a model: effect kind -> ``module:factory`` of a
