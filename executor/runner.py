@@ -127,7 +127,8 @@ class ModelRunner:
         if config.speculative_reads:
             self.speculation = SpeculativeReader(
                 node, self._state, self.engines, metrics,
-                frozenset(config.kinds) - frozenset(config.handlers))
+                frozenset(config.kinds) - frozenset(config.handlers),
+                threads=self.answerer.threads)
             node.prepared = self.speculation.take
 
     @property
@@ -273,8 +274,11 @@ class ModelRunner:
             queue_key = record.model or HANDLER_KEY + kind  # a kind without a model: its handler
             j = Job(decision.job, kind, queue_key, ack, read_mono, read.key, read.tracker,
                     accepted, gen)
-            ran = read.prepared.ran if isinstance(read.prepared, Prepared) else None
-            if not await self.answerer.answer_now(j, ran):
+            pre = read.prepared if isinstance(read.prepared, Prepared) else None
+            if pre is not None and pre.running is not None and self.speculation is not None:
+                # its model ran in the engine pool since its uncommitted read
+                self.node.spawn(self.speculation.answer_running(j, pre.running, self.answerer))
+            elif not await self.answerer.answer_now(j, pre.ran if pre is not None else None):
                 self._start_fetch(j)
 
     async def _write_refusal(self, response: ResponseRecord, read: Read,

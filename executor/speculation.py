@@ -32,8 +32,9 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -43,7 +44,7 @@ from broker_schema.codec import decode
 from broker_schema.records import EffectRequest, InlineBody
 from broker_schema.signatures import HOLDER_SIG_HEADER
 from executor.engine_pool import EnginePool
-from executor.engines import EngineResult
+from executor.engines import Engine, EngineResult
 from executor.metrics import ExecutorMetrics
 from fx_kafka.client import MIRROR_OFFSET_HEADER, header_value, make_consumer, mirror_header
 from fx_node.admission import ExecutorState, holder_problem
@@ -51,8 +52,12 @@ from fx_node.errors import EngineError, OutcomeError
 from fx_node.runner import PreparedRead
 from fx_node.shell import NodeShell
 
+if TYPE_CHECKING:
+    from executor.answering import Answerer
+    from executor.scheduler import Job
+
 __all__ = ["CACHE_LIMIT", "CACHE_TTL_S", "WAIT_S", "Prepared", "SpeculationCache",
-           "SpeculativeReader", "record_digest"]
+           "SpeculativeReader", "record_digest", "run_one"]
 
 log = logging.getLogger("executor.service")
 
@@ -66,6 +71,8 @@ CACHE_TTL_S = 60.0
 WAIT_S = 2.0
 
 Place = tuple[str, int, int]
+#: a model's run for one request: (model hash, result, started_us, finished_us)
+Ran = tuple[str, EngineResult | OutcomeError, int, int]
 
 
 def record_digest(value: bytes | None, signature: bytes | None) -> bytes:
@@ -85,7 +92,9 @@ class Prepared(PreparedRead):
     digest: bytes = b""
     #: monotonic seconds when it was prepared
     at: float = 0.0
-    ran: tuple[str, EngineResult | OutcomeError, int, int] | None = None
+    ran: Ran | None = None
+    #: a model of ms-scale runs: its run in the engine pool (started on the uncommitted read)
+    running: asyncio.Future[Ran] | None = None
 
 
 class SpeculationCache:
@@ -137,8 +146,11 @@ class SpeculativeReader:
 
     def __init__(self, node: NodeShell, state: ExecutorState, engines: EnginePool,
                  metrics: ExecutorMetrics, kinds: frozenset[str], *,
-                 cache: SpeculationCache | None = None) -> None:
+                 threads: Executor | None = None, cache: SpeculationCache | None = None) -> None:
         self.node, self.state, self.engines, self.metrics = node, state, engines, metrics
+        #: the engine pool a model of ms-scale runs runs in (the workers' own: speculation
+        #: takes no more engine threads than ``workers``); None: only µs-scale models are run
+        self.threads = threads
         #: the kinds speculated on: model kinds (never a kind handler)
         self.kinds = kinds
         self.cache = cache or SpeculationCache()
@@ -240,32 +252,58 @@ class SpeculativeReader:
         entry = Prepared(record=record, synced=synced, holder_problem=problem,
                          digest=record_digest(msg.value, signature), at=time.monotonic())
         if synced and problem is None:
-            entry.ran = self._run(record)
+            self._run(record, entry)
         self.cache.put((msg.topic, msg.partition, msg.offset), entry, entry.at)
-        self.metrics.speculative.labels("prepared" if entry.ran is None else "ran").inc()
+        self.metrics.speculative.labels(
+            "prepared" if entry.ran is None and entry.running is None else "ran").inc()
 
-    def _run(self, record: EffectRequest) -> tuple[str, EngineResult | OutcomeError, int,
-                                                   int] | None:
-        """The model's result for ``record``, run here when the committed path would run it
-        in the consumer loop too (:meth:`executor.answering.Answerer.answer_now`: an inline
-        input, a loaded model of µs-scale runs); else None."""
+    def _run(self, record: EffectRequest, entry: Prepared) -> None:
+        """Run the model for ``record`` when its input is inline and the model loaded (and its
+        engine binds no request context: an integer receipt is signed only for a committed
+        request): a µs-scale one here (``entry.ran``), as the committed path would in the
+        consumer loop (:meth:`executor.answering.Answerer.answer_now`); another in the engine
+        pool (``entry.running``), when there is one."""
         body, model_hash = record.input, record.model
         if model_hash is None or not (body is None or isinstance(body, InlineBody)):
-            return None
+            return
         try:
             loaded = self.engines.already_loaded(model_hash)
         except (OutcomeError, OSError, ValueError):
-            return None
-        if loaded is None or not self.engines.runs_inline(loaded[0], model_hash):
-            return None
-        data = b"" if body is None else body.raw()
-        started_us = time.time_ns() // 1000
-        result: EngineResult | OutcomeError
-        try:
-            result = loaded[0].run_batch(model_hash, [(record.params, data)])[0]
-        except Exception as exc:  # an engine bug: the same error the committed run would give
-            result = EngineError("engine_error", f"{type(exc).__name__}: {exc}")
-        return model_hash, result, started_us, time.time_ns() // 1000
+            return
+        if loaded is None or getattr(loaded[0], "binds_request_context", False):
+            return
+        engine = loaded[0]
+        item = (record.params, b"" if body is None else body.raw())
+        if self.engines.runs_inline(engine, model_hash):
+            entry.ran = run_one(engine, model_hash, item)
+        elif self.threads is not None:
+            entry.running = asyncio.get_running_loop().run_in_executor(
+                self.threads, run_one, engine, model_hash, item)
+
+    async def answer_running(self, j: Job, running: asyncio.Future[Ran],
+                             answerer: Answerer) -> None:
+        """Answer the admitted ``j`` with the run its uncommitted read started (a worker's
+        answer: ``accepted`` acknowledged first, a batch of one), in place of queueing it."""
+        await answerer.accepted_written(j)
+        model_hash, result, started_us, finished_us = await running
+        loaded = self.engines.already_loaded(model_hash, file_checked=True)
+        if loaded is None:  # unloaded meanwhile: run again the usual way
+            body = j.job.request.input
+            j.data = body.raw() if isinstance(body, InlineBody) else b""
+            await answerer.scheduler.put(j)
+            return
+        engine, manifest = loaded
+        self.metrics.compute_seconds.labels(model_hash).observe(
+            (finished_us - started_us) / 1e6)
+        self.metrics.batch_size.labels(model_hash).observe(1)
+        self.metrics.exec_count.labels(model_hash).inc()
+        answerer.answer_job(j, self.engines.executor_info(engine, model_hash), model_hash,
+                            result, started_us=started_us, finished_us=finished_us,
+                            receipt_base={
+                                "batch_size": 1,
+                                "manifest_hash": self.engines.store.manifest_hash(model_hash,
+                                                                                  stat=False),
+                                "preprocessing_version": manifest.preprocessing_version})
 
     # ------------------------------------------------------------------------------ taking
     async def take(self, kind: str, msg: Any) -> Prepared | None:
@@ -288,3 +326,15 @@ class SpeculativeReader:
         if n:
             self.metrics.speculative.labels("expired").inc(n)
             self._expired_counted = self.cache.expired
+
+
+def run_one(engine: Engine, model_hash: str, item: tuple[Any, bytes]) -> Ran:
+    """``engine``'s result for one request (an engine's exception is its ``engine_error``, as
+    on the committed path), with its start and end (µs since the epoch)."""
+    started_us = time.time_ns() // 1000
+    result: EngineResult | OutcomeError
+    try:
+        result = engine.run_batch(model_hash, [item])[0]
+    except Exception as exc:  # an engine bug: the same error the committed run would give
+        result = EngineError("engine_error", f"{type(exc).__name__}: {exc}")
+    return model_hash, result, started_us, time.time_ns() // 1000

@@ -5,9 +5,10 @@ never read committed gets nothing of it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from broker_schema import encode, topics
+from broker_schema import decode, encode, topics
 from broker_schema.records import INFERENCE_KIND
 from executor.speculation import (
     Prepared,
@@ -61,7 +62,7 @@ def test_entries_expire_after_their_time_and_beyond_the_limit() -> None:
 
 async def _reader(svc: Any) -> SpeculativeReader:
     reader = SpeculativeReader(svc.node, svc.state, svc.runner.engines, svc.metrics,
-                               frozenset({INFERENCE_KIND}))
+                               frozenset({INFERENCE_KIND}), threads=svc.runner.answerer.threads)
 
     async def no_sync(workload_id: str, shadow: str | None = None) -> None:
         return None
@@ -75,14 +76,14 @@ async def _reader(svc: Any) -> SpeculativeReader:
 async def test_a_prepared_request_is_run_once_and_answered_on_its_committed_read(
         tmp_path: Any) -> None:
     svc, producer, model = await _echo_service(tmp_path)
-    engine = svc.runner.engines.engine_list()[0]
+    engine: Any = svc.runner.engines.engine_list()[0]
     svc.runner.engines.note_run_cost(model, 20e-6)
     reader = await _reader(svc)
     req = request(WL, model, b"four", epoch=1)
     await reader._prepare(_msg(encode(req), 7))  # read uncommitted: prepared, model run
-    assert getattr(engine, "calls") == 1 and not producer.sent  # nothing written
+    assert engine.calls == 1 and not producer.sent  # nothing written
     await _handle(svc, encode(req), 7)  # read committed
-    assert getattr(engine, "calls") == 1  # not run again
+    assert engine.calls == 1  # not run again
     (resp,) = producer.responses()
     assert resp.outcome == "ok" and resp.effect_id == req.effect_id
     assert resp.request_offset == 7
@@ -94,7 +95,7 @@ async def test_a_prepared_request_is_run_once_and_answered_on_its_committed_read
 async def test_other_bytes_at_the_same_place_and_unread_requests_get_nothing(
         tmp_path: Any) -> None:
     svc, producer, model = await _echo_service(tmp_path)
-    engine = svc.runner.engines.engine_list()[0]
+    engine: Any = svc.runner.engines.engine_list()[0]
     svc.runner.engines.note_run_cost(model, 20e-6)
     reader = await _reader(svc)
     first = request(WL, model, b"four", epoch=1, index=0)
@@ -106,7 +107,7 @@ async def test_other_bytes_at_the_same_place_and_unread_requests_get_nothing(
     (resp,) = producer.responses()
     assert resp.effect_id == other.effect_id and resp.output is not None
     assert resp.output.raw() == b'{"n":7}'
-    assert getattr(engine, "calls") == 3
+    assert engine.calls == 3
     metric = svc.metrics.speculative.labels
     assert metric("miss")._value.get() == 1 and metric("hit")._value.get() == 0
     assert len(reader.cache) == 1  # the aborted one waits for its expiry, answered by no one
@@ -114,9 +115,41 @@ async def test_other_bytes_at_the_same_place_and_unread_requests_get_nothing(
 
 
 async def test_a_kind_served_without_a_model_is_never_prepared(tmp_path: Any) -> None:
-    svc, producer, model = await _echo_service(tmp_path)
+    svc, _producer, _model = await _echo_service(tmp_path)
     reader = await _reader(svc)
     req = request(WL, None, b"x", kind="acme:digest/run@1.0.0")
     await reader._prepare(_msg(encode(req), 3))
     assert len(reader.cache) == 0
     assert await reader.take("acme:digest/run@1.0.0", _msg(encode(req), 3)) is None
+
+
+async def test_a_model_of_ms_scale_runs_in_the_pool_from_its_uncommitted_read(
+        tmp_path: Any) -> None:
+    """A model too slow for the consumer loop runs in the engine pool from the uncommitted
+    read; the committed read answers with that run (accepted first), without queueing it."""
+    from broker_schema.records import AcceptedRecord, ResponseRecord
+
+    svc, producer, model = await _echo_service(tmp_path)
+    engine: Any = svc.runner.engines.engine_list()[0]
+    svc.runner.engines.note_run_cost(model, 0.05)
+    reader = await _reader(svc)
+    req = request(WL, model, b"twelve bytes", epoch=1)
+    await reader._prepare(_msg(encode(req), 9))
+    entry = reader.cache._entries[(topics.out(WL), 0, 9)]
+    assert entry.running is not None and entry.ran is None
+    await entry.running
+    assert engine.calls == 1 and not producer.sent
+    await _handle(svc, encode(req), 9)
+    for _ in range(100):
+        if producer.responses():
+            break
+        await asyncio.sleep(0.01)
+    await svc.node.await_background()
+    assert engine.calls == 1 and not svc.runner.scheduler.queues.get(model)
+    sent = [decode(v) for t, v in producer.sent if t == topics.resp(WL)]
+    assert [type(r) for r in sent] == [AcceptedRecord, ResponseRecord]
+    resp = sent[1]
+    assert resp.outcome == "ok" and resp.output is not None
+    assert resp.output.raw() == b'{"n":12}' and resp.receipt["batch_size"] == 1
+    assert resp.receipt["manifest_hash"] == svc.store.manifest(model).manifest_hash()
+    assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 10}
