@@ -146,11 +146,16 @@ async def _log(bootstrap: str, topic: str, until: int) -> list[Any]:
         await consumer.stop()
 
 
-async def effect_hops(bootstrap: str, n: int, tmp: Path, *,
-                      speculative_reads: bool = False) -> dict[str, Any]:
+async def effect_hops(bootstrap: str, n: int, tmp: Path, *, speculative_reads: bool = False,
+                      model_name: str = "trivial") -> dict[str, Any]:
+    """``n`` effects (after one unrecorded) with ``model_name`` (``trivial``: ``y = x + 1``;
+    ``magika``: magika on 4 KB of Python source as JSON text)."""
     store = ModelStore(tmp / "models")
-    trivial_model(tmp / "add1.onnx")
-    model = store.import_path(tmp / "add1.onnx", name="add1").hash
+    if model_name == "magika":
+        model = store.import_package("magika").hash
+    else:
+        trivial_model(tmp / "add1.onnx")
+        model = store.import_path(tmp / "add1.onnx", name="add1").hash
     wid = f"hops-{uuid.uuid4().hex[:10]}"
     await ensure_workload_topics(bootstrap, wid)
     producer = make_producer(bootstrap)
@@ -172,7 +177,10 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path, *,
     stop = asyncio.Event()
     holder_task = asyncio.create_task(holder.run(stop))
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensor = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}
+    tensor: Any = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16],
+                                    "data": x.ravel().tolist()}}}
+    if model_name == "magika":
+        tensor = {"text": (ROOT / "fx_node" / "admission.py").read_text()[:4096]}
     try:
         await asyncio.wait_for(holder.ready.wait(), 60)
         while not all(c.assignment() for c in service.node.consumers.values()):
@@ -235,6 +243,7 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--speculative-reads", action="store_true",
                         help="the executor with speculative_reads on")
+    parser.add_argument("--model", choices=("trivial", "magika"), default="trivial")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fx-hops-") as d:
         if args.bootstrap:
@@ -246,7 +255,8 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, Any]:
     await ensure_system_topics(bootstrap)
     pp = summary(await ping_pong(bootstrap, args.n, warmup=20))
-    hops = await effect_hops(bootstrap, args.n, tmp, speculative_reads=args.speculative_reads)
+    hops = await effect_hops(bootstrap, args.n, tmp, speculative_reads=args.speculative_reads,
+                             model_name=args.model)
     report = {"n": args.n, "load": os.getloadavg()[0], "ping_pong": pp, **hops,
               "ratio_p50": round(hops["roundtrip"]["p50_ms"] / pp["p50_ms"], 2),
               "ratio_p99": round(hops["roundtrip"]["p99_ms"] / pp["p99_ms"], 2)}

@@ -3,6 +3,7 @@ real executor (:func:`bench.effect_hops.effect_hops`, trivial ONNX model, one ef
 each run right after a bare aiokafka ping-pong of its own.
 
     .venv/bin/python bench/speculation_ab.py [--bootstrap HOST:PORT] [--pairs 4] [--n 60]
+        [--model trivial|magika]
 
 Each pair runs the executor once with ``speculative_reads`` off and once with it on (the order
 swapped every pair, so neither always runs first on a warmer broker); the load average is taken
@@ -34,12 +35,13 @@ from effect_roundtrip import ping_pong, summary  # noqa: E402
 from fx_kafka.workload import ensure_system_topics  # noqa: E402
 
 
-async def one(bootstrap: str, n: int, speculative: bool) -> dict[str, Any]:
+async def one(bootstrap: str, n: int, speculative: bool, model: str) -> dict[str, Any]:
     """A ping-pong, then the effect round trip with speculation ``speculative``."""
     load = os.getloadavg()[0]
     pp = summary(await ping_pong(bootstrap, n, warmup=10))
     with tempfile.TemporaryDirectory(prefix="fx-spec-ab-") as d:
-        hops = await effect_hops(bootstrap, n, Path(d), speculative_reads=speculative)
+        hops = await effect_hops(bootstrap, n, Path(d), speculative_reads=speculative,
+                                 model_name=model)
     rt = hops["roundtrip"]
     return {"speculative_reads": speculative, "load_before": round(load, 2),
             "load_after": round(os.getloadavg()[0], 2), "ping_pong_p50_ms": pp["p50_ms"],
@@ -66,6 +68,7 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bootstrap", default=os.environ.get("FX_KAFKA_BOOTSTRAP"))
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--n", type=int, default=60)
+    parser.add_argument("--model", choices=("trivial", "magika"), default="trivial")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if not args.bootstrap:
@@ -74,13 +77,13 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for pair in range(args.pairs):
         for speculative in ((False, True) if pair % 2 == 0 else (True, False)):
-            run = await one(args.bootstrap, args.n, speculative)
+            run = await one(args.bootstrap, args.n, speculative, args.model)
             runs.append(run)
             print(json.dumps(run), flush=True)
     on = [r for r in runs if r["speculative_reads"]]
     off = [r for r in runs if not r["speculative_reads"]]
     pairs = [(a, b) for a, b in zip(off, on, strict=True)]
-    report = {"n": args.n, "pairs": args.pairs, "off": medians(off), "on": medians(on),
+    report = {"model": args.model, "n": args.n, "pairs": args.pairs, "off": medians(off), "on": medians(on),
               "on_over_off_p50_each_pair": [round(b["roundtrip_p50_ms"] / a["roundtrip_p50_ms"],
                                                   2) for a, b in pairs],
               "runs": runs}
