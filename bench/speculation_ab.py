@@ -69,8 +69,12 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--n", type=int, default=60)
     parser.add_argument("--model", choices=("trivial", "magika"), default="trivial")
+    parser.add_argument("--switch-interval", type=float,
+                        help="sys.setswitchinterval for the run (s; Python's default 0.005)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if not args.bootstrap:
         parser.error("--bootstrap or FX_KAFKA_BOOTSTRAP is required")
     await ensure_system_topics(args.bootstrap)
@@ -83,7 +87,8 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     on = [r for r in runs if r["speculative_reads"]]
     off = [r for r in runs if not r["speculative_reads"]]
     pairs = [(a, b) for a, b in zip(off, on, strict=True)]
-    report = {"model": args.model, "n": args.n, "pairs": args.pairs, "off": medians(off), "on": medians(on),
+    report = {"model": args.model, "switch_interval_s": sys.getswitchinterval(), "n": args.n,
+              "pairs": args.pairs, "off": medians(off), "on": medians(on),
               "on_over_off_p50_each_pair": [round(b["roundtrip_p50_ms"] / a["roundtrip_p50_ms"],
                                                   2) for a, b in pairs],
               "runs": runs}
