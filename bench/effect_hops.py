@@ -18,6 +18,8 @@ answers. Inputs go one at a time (one effect in flight). Per effect, from broker
   fetch, decision and write;
 - ``accepted_to_response``: ``accepted`` to the response (0 when both go in one produce
   request);
+- ``response_to_holder_read``: the response's append to the holder's consumer handing it over
+  (wall clock);
 - ``response_to_step``: the response's append to the holder's step seeing it (the holder's
   read, its merge transaction not included);
 - ``roundtrip``: the request's append to the step seeing its answer (the holder's figure).
@@ -89,6 +91,8 @@ class TimingPoints:
         self.committed: dict[int, float] = {}  # request append ms -> commit returned, ms
         self.read: dict[int, float] = {}  # request append ms -> executor handler, ms
         self.catch_up_ms: list[float] = []
+        #: a response's append to the holder's consumer handing it over (ms)
+        self.holder_read_ms: list[float] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -116,7 +120,16 @@ class TimingPoints:
             finally:
                 points.catch_up_ms.append((time.perf_counter() - t0) * 1000)
 
-        for cls, name, fn in ((LeaseHolder, "_write", timed_write),
+        decode_item = LeaseHolder._decode
+
+        def timed_decode(holder: Any, source: str, msg: Any) -> Any:
+            item = decode_item(holder, source, msg)
+            if item is not None and isinstance(item.record, ResponseRecord):
+                points.holder_read_ms.append(time.time() * 1000 - msg.timestamp)
+            return item
+
+        for cls, name, fn in ((LeaseHolder, "_decode", timed_decode),
+                              (LeaseHolder, "_write", timed_write),
                               (NodeShell, "handle", timed_handle),
                               (NodeShell, "sync_workload", timed_sync)):
             self._saved.append((cls, name, getattr(cls, name)))
@@ -233,6 +246,7 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path, *, speculative_reads: b
             "executor_catch_up": summary(points.catch_up_ms[1:]) if points.catch_up_ms[1:]
             else {"n": 0},
             "request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
+            "response_to_holder_read": summary(points.holder_read_ms[1:]),
             "response_to_step": summary(resp_step), "roundtrip": summary(roundtrips)}
 
 

@@ -52,6 +52,7 @@ async def one(bootstrap: str, n: int, speculative: bool, model: str) -> dict[str
             "request_to_executor_read_p50_ms": hops["request_to_executor_read"]["p50_ms"],
             "request_to_accepted_p50_ms": hops["request_to_accepted"]["p50_ms"],
             "request_to_accepted_mean_ms": hops["request_to_accepted"]["mean_ms"],
+            "response_to_holder_read_p50_ms": hops["response_to_holder_read"]["p50_ms"],
             "response_to_step_p50_ms": hops["response_to_step"]["p50_ms"],
             "counters": hops["speculative_reads"]}
 
@@ -59,7 +60,8 @@ async def one(bootstrap: str, n: int, speculative: bool, model: str) -> dict[str
 def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("roundtrip_p50_ms", "roundtrip_p99_ms", "ping_pong_p50_ms", "ratio_p50", "ratio_p99",
             "request_to_executor_read_p50_ms", "request_to_accepted_p50_ms",
-            "request_to_accepted_mean_ms", "response_to_step_p50_ms")
+            "request_to_accepted_mean_ms", "response_to_holder_read_p50_ms",
+            "response_to_step_p50_ms")
     return {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
 
 
