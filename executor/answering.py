@@ -109,7 +109,8 @@ class Answerer:
         (Inference acts on nothing, so the model need not wait for ``accepted`` to be
         acknowledged; the response is settled only after it.) False: not answerable here.
         ``ran``: the model's result for this very request, run when it was read uncommitted
-        (:mod:`executor.speculation`), as ``(model hash, result, started_us, finished_us)``."""
+        (:mod:`executor.speculation`), as ``(model hash, result, started_us, finished_us)``:
+        then it is answered here whatever the model's cost."""
         request = j.job.request
         body = request.input
         if (request.model is None or j.kind in self.engines.handlers
@@ -120,7 +121,8 @@ class Answerer:
             loaded = self.engines.already_loaded(j.model_hash, file_checked=True)
         except OutcomeError:
             return False
-        if loaded is None or not self.engines.runs_inline(loaded[0], j.model_hash):
+        if loaded is None or (ran is None
+                              and not self.engines.runs_inline(loaded[0], j.model_hash)):
             return False
         engine, manifest = loaded
         j.data = b"" if body is None else body.raw()

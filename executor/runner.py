@@ -275,10 +275,12 @@ class ModelRunner:
             j = Job(decision.job, kind, queue_key, ack, read_mono, read.key, read.tracker,
                     accepted, gen)
             pre = read.prepared if isinstance(read.prepared, Prepared) else None
-            if pre is not None and pre.running is not None and self.speculation is not None:
-                # its model ran in the engine pool since its uncommitted read
+            ran = SpeculativeReader.finished(pre) if pre is not None else None
+            if (ran is None and pre is not None and pre.running is not None
+                    and self.speculation is not None):
+                # its model runs in the engine pool since its uncommitted read
                 self.node.spawn(self.speculation.answer_running(j, pre.running, self.answerer))
-            elif not await self.answerer.answer_now(j, pre.ran if pre is not None else None):
+            elif not await self.answerer.answer_now(j, ran):
                 self._start_fetch(j)
 
     async def _write_refusal(self, response: ResponseRecord, read: Read,

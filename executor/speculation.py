@@ -276,14 +276,27 @@ class SpeculativeReader:
         item = (record.params, b"" if body is None else body.raw())
         if self.engines.runs_inline(engine, model_hash):
             entry.ran = run_one(engine, model_hash, item)
+            self._note_cost(entry.ran)
         elif self.threads is not None:
-            entry.running = asyncio.get_running_loop().run_in_executor(
+            running = asyncio.get_running_loop().run_in_executor(
                 self.threads, run_one, engine, model_hash, item)
+            running.add_done_callback(
+                lambda f: None if f.cancelled() else self._note_cost(f.result()))
+            entry.running = running
+
+    def _note_cost(self, ran: Ran) -> None:
+        """A run's cost counts as the workers' do (:meth:`EnginePool.runs_inline` decides on
+        it): a model that runs in microseconds here is answered in the consumer loop."""
+        model_hash, _, started_us, finished_us = ran
+        self.engines.note_run_cost(model_hash, (finished_us - started_us) / 1e6)
 
     async def answer_running(self, j: Job, running: asyncio.Future[Ran],
                              answerer: Answerer) -> None:
-        """Answer the admitted ``j`` with the run its uncommitted read started (a worker's
-        answer: ``accepted`` acknowledged first, a batch of one), in place of queueing it."""
+        """Answer the admitted ``j`` with the run its uncommitted read started and that is
+        still running (a worker's answer: ``accepted`` acknowledged first, a batch of one), in
+        place of queueing it. A run already done is answered as a µs-scale one is
+        (:meth:`executor.answering.Answerer.answer_now`: the response right behind
+        ``accepted``, one produce request)."""
         await answerer.accepted_written(j)
         model_hash, result, started_us, finished_us = await running
         loaded = self.engines.already_loaded(model_hash, file_checked=True)
@@ -304,6 +317,16 @@ class SpeculativeReader:
                                 "manifest_hash": self.engines.store.manifest_hash(model_hash,
                                                                                   stat=False),
                                 "preprocessing_version": manifest.preprocessing_version})
+
+    @staticmethod
+    def finished(entry: Prepared) -> Ran | None:
+        """``entry``'s model run when it is done (on the event loop, or in the pool by now)."""
+        if entry.ran is not None:
+            return entry.ran
+        running = entry.running
+        if running is not None and running.done() and not running.cancelled():
+            return running.result()
+        return None
 
     # ------------------------------------------------------------------------------ taking
     async def take(self, kind: str, msg: Any) -> Prepared | None:
