@@ -47,6 +47,7 @@ from executor.engine_pool import EnginePool
 from executor.engines import Engine, EngineResult
 from executor.metrics import ExecutorMetrics
 from fx_kafka.client import MIRROR_OFFSET_HEADER, header_value, make_consumer, mirror_header
+from fx_kafka.errors import MirrorCopyError
 from fx_node.admission import ExecutorState, holder_problem
 from fx_node.errors import EngineError, OutcomeError
 from fx_node.runner import PreparedRead
@@ -201,6 +202,9 @@ class SpeculativeReader:
                 for place, msg in places:
                     try:
                         await self._prepare(msg)
+                    except Exception as exc:  # never fatal: the committed read does it all
+                        log.warning("speculative read of %s/%d offset %d not prepared: %r",
+                                    msg.topic, msg.partition, msg.offset, exc)
                     finally:
                         self._release(place)
             finally:
@@ -236,7 +240,7 @@ class SpeculativeReader:
                 return
             record = decode(msg.value, topic=msg.topic)
             workload_id, shadow = topics.request_topic(msg.topic)
-        except (DecodeError, ValueError):
+        except (DecodeError, ValueError, MirrorCopyError):
             return  # the committed read records it
         if (not isinstance(record, EffectRequest) or record.effect_kind not in self.kinds
                 or record.header.workload_id != workload_id or record.header.shadow != shadow):

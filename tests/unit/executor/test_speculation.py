@@ -153,3 +153,30 @@ async def test_a_model_of_ms_scale_runs_in_the_pool_from_its_uncommitted_read(
     assert resp.output.raw() == b'{"n":12}' and resp.receipt["batch_size"] == 1
     assert resp.receipt["manifest_hash"] == svc.store.manifest(model).manifest_hash()
     assert svc.node.trackers[INFERENCE_KIND].committable() == {(topics.out(WL), 0): 10}
+
+
+async def test_what_the_shell_would_refuse_is_not_prepared(tmp_path: Any) -> None:
+    """A mirrored copy (or a damaged mirror header), an undecodable record, a plain output and a
+    request naming another workload than its topic's: nothing prepared, nothing raised (the
+    committed read records them as without speculation)."""
+    from fx_kafka.client import MIRROR_OFFSET_HEADER
+
+    svc, _producer, model = await _echo_service(tmp_path)
+    reader = await _reader(svc)
+    req = encode(request(WL, model, b"x"))
+    await reader._prepare(_msg(req, 1, ((MIRROR_OFFSET_HEADER, b"12"),)))
+    await reader._prepare(_msg(req, 2, ((MIRROR_OFFSET_HEADER, b"not a number"),)))
+    await reader._prepare(_msg(b"{not json", 3))
+    await reader._prepare(_msg(encode(request("other-workload", model, b"x")), 4))
+    assert len(reader.cache) == 0
+
+
+def test_the_option_from_the_command_line_and_the_environment(
+        capsys: Any, tmp_path: Any) -> None:
+    from executor.config import load_config
+    from fx_cli.main import main
+
+    assert load_config(environ={}).speculative_reads is False
+    assert load_config(environ={"FX_EXECUTOR_SPECULATIVE_READS": "true"}).speculative_reads
+    assert main(["executor", "run", "--speculative-reads", "--print-config"]) == 0
+    assert "speculative_reads = true" in capsys.readouterr().out
