@@ -18,6 +18,8 @@ answers. Inputs go one at a time (one effect in flight). Per effect, from broker
   fetch, decision and write;
 - ``accepted_to_response``: ``accepted`` to the response (0 when both go in one produce
   request);
+- ``response_to_holder_read``: the response's append to the holder's consumer handing it over
+  (wall clock);
 - ``response_to_step``: the response's append to the holder's step seeing it (the holder's
   read, its merge transaction not included);
 - ``roundtrip``: the request's append to the step seeing its answer (the holder's figure).
@@ -89,6 +91,8 @@ class TimingPoints:
         self.committed: dict[int, float] = {}  # request append ms -> commit returned, ms
         self.read: dict[int, float] = {}  # request append ms -> executor handler, ms
         self.catch_up_ms: list[float] = []
+        #: a response's append to the holder's consumer handing it over (ms)
+        self.holder_read_ms: list[float] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -116,7 +120,16 @@ class TimingPoints:
             finally:
                 points.catch_up_ms.append((time.perf_counter() - t0) * 1000)
 
-        for cls, name, fn in ((LeaseHolder, "_write", timed_write),
+        decode_item = LeaseHolder._decode
+
+        def timed_decode(holder: Any, source: str, msg: Any) -> Any:
+            item = decode_item(holder, source, msg)
+            if item is not None and isinstance(item.record, ResponseRecord):
+                points.holder_read_ms.append(time.time() * 1000 - msg.timestamp)
+            return item
+
+        for cls, name, fn in ((LeaseHolder, "_decode", timed_decode),
+                              (LeaseHolder, "_write", timed_write),
                               (NodeShell, "handle", timed_handle),
                               (NodeShell, "sync_workload", timed_sync)):
             self._saved.append((cls, name, getattr(cls, name)))
@@ -146,10 +159,16 @@ async def _log(bootstrap: str, topic: str, until: int) -> list[Any]:
         await consumer.stop()
 
 
-async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
+async def effect_hops(bootstrap: str, n: int, tmp: Path, *, speculative_reads: bool = False,
+                      model_name: str = "trivial") -> dict[str, Any]:
+    """``n`` effects (after one unrecorded) with ``model_name`` (``trivial``: ``y = x + 1``;
+    ``magika``: magika on 4 KB of Python source as JSON text)."""
     store = ModelStore(tmp / "models")
-    trivial_model(tmp / "add1.onnx")
-    model = store.import_path(tmp / "add1.onnx", name="add1").hash
+    if model_name == "magika":
+        model = store.import_package("magika").hash
+    else:
+        trivial_model(tmp / "add1.onnx")
+        model = store.import_path(tmp / "add1.onnx", name="add1").hash
     wid = f"hops-{uuid.uuid4().hex[:10]}"
     await ensure_workload_topics(bootstrap, wid)
     producer = make_producer(bootstrap)
@@ -159,7 +178,8 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     await producer.send_and_wait(topics.spec(wid), encode(spec), partition=0)
     cfg = load_config(environ={}, **executor_settings(
         bootstrap, wid, tmp, store.root, node_id=f"hops-{wid}", group_prefix=f"hops-{wid}",
-        workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000}, preload=[model]))
+        workers=1, max_batch=1, kinds={INFERENCE_KIND: 1000}, preload=[model],
+        speculative_reads=speculative_reads))
     points = TimingPoints()
     points.install()
     service = ExecutorService(cfg)
@@ -170,7 +190,10 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     stop = asyncio.Event()
     holder_task = asyncio.create_task(holder.run(stop))
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensor = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16], "data": x.ravel().tolist()}}}
+    tensor: Any = {"inputs": {"x": {"dtype": "float32", "shape": [1, 16],
+                                    "data": x.ravel().tolist()}}}
+    if model_name == "magika":
+        tensor = {"text": (ROOT / "fx_node" / "admission.py").read_text()[:4096]}
     try:
         await asyncio.wait_for(holder.ready.wait(), 60)
         while not all(c.assignment() for c in service.node.consumers.values()):
@@ -216,9 +239,14 @@ async def effect_hops(bootstrap: str, n: int, tmp: Path) -> dict[str, Any]:
     commit = [points.committed[requests[e]] - requests[e] for e in order
               if requests[e] in points.committed]
     read = [points.read[requests[e]] - requests[e] for e in order if requests[e] in points.read]
-    return {"request_to_commit": summary(commit), "request_to_executor_read": summary(read),
-            "executor_catch_up": summary(points.catch_up_ms[1:]),
+    spec = {r: service.metrics.speculative.labels(r)._value.get()
+            for r in ("prepared", "ran", "hit", "miss", "expired")} if speculative_reads else {}
+    return {"speculative_reads": spec, "request_to_commit": summary(commit),
+            "request_to_executor_read": summary(read),
+            "executor_catch_up": summary(points.catch_up_ms[1:]) if points.catch_up_ms[1:]
+            else {"n": 0},
             "request_to_accepted": summary(req_acc), "accepted_to_response": summary(acc_resp),
+            "response_to_holder_read": summary(points.holder_read_ms[1:]),
             "response_to_step": summary(resp_step), "roundtrip": summary(roundtrips)}
 
 
@@ -227,6 +255,9 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bootstrap", default=os.environ.get("FX_KAFKA_BOOTSTRAP"))
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--speculative-reads", action="store_true",
+                        help="the executor with speculative_reads on")
+    parser.add_argument("--model", choices=("trivial", "magika"), default="trivial")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fx-hops-") as d:
         if args.bootstrap:
@@ -238,7 +269,8 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, Any]:
     await ensure_system_topics(bootstrap)
     pp = summary(await ping_pong(bootstrap, args.n, warmup=20))
-    hops = await effect_hops(bootstrap, args.n, tmp)
+    hops = await effect_hops(bootstrap, args.n, tmp, speculative_reads=args.speculative_reads,
+                             model_name=args.model)
     report = {"n": args.n, "load": os.getloadavg()[0], "ping_pong": pp, **hops,
               "ratio_p50": round(hops["roundtrip"]["p50_ms"] / pp["p50_ms"], 2),
               "ratio_p99": round(hops["roundtrip"]["p99_ms"] / pp["p99_ms"], 2)}

@@ -99,14 +99,18 @@ class Answerer:
         await self.producer.written(j.accepted_ack, j.accepted_gen, j.accepted)
 
     # ------------------------------------------------------------------------------ fast path
-    async def answer_now(self, j: Job) -> bool:
+    async def answer_now(self, j: Job, ran: tuple[str, EngineResult | OutcomeError, int, int]
+                         | None = None) -> bool:
         """Answer an admitted request here, in the consumer loop, when that is the shortest
         way: an inline (or no) input, a loaded model that runs in microseconds
         (:meth:`EnginePool.runs_inline`) and none of its jobs queued ahead. The model runs, and
         the response is put on the producer right behind the request's ``accepted``, before the
         producer sends: both go in one produce request, one broker round trip instead of two.
         (Inference acts on nothing, so the model need not wait for ``accepted`` to be
-        acknowledged; the response is settled only after it.) False: not answerable here."""
+        acknowledged; the response is settled only after it.) False: not answerable here.
+        ``ran``: the model's result for this very request, run when it was read uncommitted
+        (:mod:`executor.speculation`), as ``(model hash, result, started_us, finished_us)``:
+        then it is answered here whatever the model's cost."""
         request = j.job.request
         body = request.input
         if (request.model is None or j.kind in self.engines.handlers
@@ -117,20 +121,24 @@ class Answerer:
             loaded = self.engines.already_loaded(j.model_hash, file_checked=True)
         except OutcomeError:
             return False
-        if loaded is None or not self.engines.runs_inline(loaded[0], j.model_hash):
+        if loaded is None or (ran is None
+                              and not self.engines.runs_inline(loaded[0], j.model_hash)):
             return False
         engine, manifest = loaded
         j.data = b"" if body is None else body.raw()
         self.metrics.queue_seconds.labels(j.kind).observe(time.monotonic() - j.read_mono)
-        started_us = now_us()
-        run_t0 = time.perf_counter()
         result: EngineResult | OutcomeError
-        try:
-            result = engine.run_batch(j.model_hash, [(request.params, j.data)])[0]
-        except Exception as exc:  # an engine bug: this request gets the error
-            result = EngineError("engine_error", f"{type(exc).__name__}: {exc}")
-        self.engines.note_run_cost(j.model_hash, time.perf_counter() - run_t0)
-        finished_us = now_us()
+        if ran is not None and ran[0] == j.model_hash:  # run already, on its uncommitted read
+            _, result, started_us, finished_us = ran
+        else:
+            started_us = now_us()
+            run_t0 = time.perf_counter()
+            try:
+                result = engine.run_batch(j.model_hash, [(request.params, j.data)])[0]
+            except Exception as exc:  # an engine bug: this request gets the error
+                result = EngineError("engine_error", f"{type(exc).__name__}: {exc}")
+            self.engines.note_run_cost(j.model_hash, time.perf_counter() - run_t0)
+            finished_us = now_us()
         self.metrics.batch_size.labels(j.model_hash).observe(1)
         self.metrics.exec_count.labels(j.model_hash).inc()
         receipt_base: dict[str, Any] = {

@@ -37,6 +37,8 @@ def _run(args: argparse.Namespace) -> int:
         overrides["onnx_provider"] = args.onnx_provider
     if args.no_route_by_model:
         overrides["route_by_model"] = False
+    if args.speculative_reads is not None:
+        overrides["speculative_reads"] = args.speculative_reads
     try:
         if args.processes is not None:  # checked here: one line for a bad N
             overrides["processes"] = (
@@ -160,6 +162,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--no-route-by-model", action="store_true",
                      help="assign workloads round robin instead of by model (overrides the "
                           "config's route_by_model; docs/operations.md, Routing by model)")
+    run.add_argument("--speculative-reads", action=argparse.BooleanOptionalAction,
+                     default=None,
+                     help="prepare inference requests while their transaction is open, "
+                          "answer them once it commits (overrides the config's "
+                          "speculative_reads; docs/executor.md, \"Speculative reads\")")
     run.set_defaults(func=_run)
 
     models = subparsers.add_parser("models", help="the content-addressed model store")

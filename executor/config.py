@@ -98,6 +98,13 @@ class ExecutorConfig(NodeConfig):
     #: ``FX_EXECUTOR_ROUTE_BY_MODEL=false``, ``fx executor run --no-route-by-model``) the node
     #: offers round robin alone, and a group with such a member assigns round robin.
     route_by_model: bool = True
+    #: Speculative reads (docs/executor.md, "Speculative reads"): a second consumer reads this
+    #: node's request partitions ``read_uncommitted`` and prepares each inference request
+    #: (decoded, claims/spec caught up, holder checked, a µs-scale model run) while the
+    #: holder's transaction is open; nothing is written before the request is read committed.
+    #: Never for a kind served without a model (``handlers``). Off by default: it did not bring
+    #: the round trip under 1.5x a ping-pong (docs/benchmarks.md, issue 29, "The round trip").
+    speculative_reads: bool = False
     #: Extra engines: manifest engine name -> ``module:factory`` (see :mod:`executor.engines`).
     engines: dict[str, str] = Field(default_factory=dict)
     #: Kinds served without a model: effect kind -> ``module:factory`` of a

@@ -58,6 +58,15 @@ class ExecutorMetrics:
             ["workload"],
             registry=r,
         )
+        self.speculative = Counter(
+            "fx_executor_speculative_reads",
+            "Speculative reads (speculative_reads on): requests prepared on their uncommitted "
+            "read (prepared; ran: the model run too), requests read committed that found "
+            "theirs (hit) or none (miss), prepared ones that left unused (expired: aborted, or "
+            "not read committed within the cache's time or size)",
+            ["result"],
+            registry=r,
+        )
         self.queue_limit = Gauge(
             "fx_executor_queue_limit", "Queue limit per kind", ["kind"], registry=r
         )

@@ -63,6 +63,7 @@ from executor.inputs import InputReader
 from executor.metrics import ExecutorMetrics
 from executor.models import ModelStore
 from executor.scheduler import HANDLER_KEY, Job, Scheduler
+from executor.speculation import Prepared, SpeculativeReader
 from fx_node.admission import Admit, ExecutorState, Ignore, Refuse, decide
 from fx_node.errors import EngineError, OutcomeError
 from fx_node.facts import build_facts
@@ -121,6 +122,14 @@ class ModelRunner:
         #: kinds whose requests name models: their groups route by model (fx_node.routing)
         self.model_kinds = (frozenset(config.kinds) - frozenset(config.handlers)
                             if config.route_by_model else frozenset())
+        #: speculative reads of the model kinds (never a kind handler), when on
+        self.speculation: SpeculativeReader | None = None
+        if config.speculative_reads:
+            self.speculation = SpeculativeReader(
+                node, self._state, self.engines, metrics,
+                frozenset(config.kinds) - frozenset(config.handlers),
+                threads=self.answerer.threads)
+            node.prepared = self.speculation.take
 
     @property
     def state(self) -> ExecutorState:
@@ -143,6 +152,9 @@ class ModelRunner:
             await self.answerer.check_ledger()
         self._worker_tasks = [asyncio.create_task(self.answerer.worker())
                               for _ in range(self.config.workers)]
+        if self.speculation is not None:
+            await self.speculation.start()
+            self._worker_tasks.append(asyncio.create_task(self.speculation.run()))
 
     def _signs_receipts(self) -> bool:
         """Whether the store holds a model whose engine signs receipts (an integer artifact):
@@ -207,6 +219,8 @@ class ModelRunner:
     async def close(self) -> None:
         """Stop the input reader's clients and the engine threads."""
         await self.inputs.close()
+        if self.speculation is not None:
+            await self.speculation.close()
         self.answerer.threads.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------------------ requests
@@ -229,6 +243,8 @@ class ModelRunner:
     async def handle(self, read: Read) -> None:
         """Decide on a request (steps 2 and 3 of the module docstring)."""
         kind, msg, record = read.kind, read.msg, read.request
+        if self.speculation is not None and kind in self.speculation.kinds:
+            self.metrics.speculative.labels("miss" if read.prepared is None else "hit").inc()
         await self._wait_for_room(kind, record)
         status = await self.engines.request_status(kind, record)
         now_ns = time.time_ns()
@@ -258,7 +274,13 @@ class ModelRunner:
             queue_key = record.model or HANDLER_KEY + kind  # a kind without a model: its handler
             j = Job(decision.job, kind, queue_key, ack, read_mono, read.key, read.tracker,
                     accepted, gen)
-            if not await self.answerer.answer_now(j):
+            pre = read.prepared if isinstance(read.prepared, Prepared) else None
+            ran = SpeculativeReader.finished(pre) if pre is not None else None
+            if (ran is None and pre is not None and pre.running is not None
+                    and self.speculation is not None):
+                # its model runs in the engine pool since its uncommitted read
+                self.node.spawn(self.speculation.answer_running(j, pre.running, self.answerer))
+            elif not await self.answerer.answer_now(j, ran):
                 self._start_fetch(j)
 
     async def _write_refusal(self, response: ResponseRecord, read: Read,

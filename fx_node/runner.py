@@ -14,8 +14,8 @@ from typing import Any, Literal, Protocol
 from broker_schema.records import EffectRequest, FactsRecord, RejectCode
 from fx_node.admission import ExecutorState, OffsetTracker
 
-__all__ = ["NodeMetrics", "NodeSettings", "Read", "Runner", "ServiceConfig", "Skip",
-           "node_settings"]
+__all__ = ["NodeMetrics", "NodeSettings", "PreparedRead", "Read", "Runner", "ServiceConfig",
+           "Skip", "node_settings"]
 
 #: Why the shell passed over a record read on ``.out`` before any runner saw it as a request:
 #: a site's request mirrored here, a record that does not decode (or does not belong on
@@ -121,6 +121,18 @@ class NodeMetrics(Protocol):
 
 
 @dataclass
+class PreparedRead:
+    """What a runner prepared for a record before the shell read it committed (the executor's
+    speculative reads, :mod:`executor.speculation`): the decoded request, whether its
+    workload's claims and spec were caught up after the request was appended (then the shell
+    does not catch up again for it), and the holder check's answer then (None: the holder's)."""
+
+    record: EffectRequest
+    synced: bool
+    holder_problem: str | None
+
+
+@dataclass
 class Read:
     """A request the shell read, checked and caught up on (claims, spec), for the runner to
     decide on: its offset is settled (``done``) once the runner has answered it."""
@@ -131,6 +143,8 @@ class Read:
     workload_id: str
     shadow: str | None
     tracker: OffsetTracker
+    #: what the runner prepared for it before it was read committed, if anything
+    prepared: PreparedRead | None = None
 
     @property
     def key(self) -> tuple[str, int]:

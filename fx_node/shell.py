@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -72,7 +72,7 @@ from fx_node.facts import facts_changed
 from fx_node.identity import NodeIdentity
 from fx_node.producer import BrokerWait, ResilientProducer
 from fx_node.routing import ROUTING_CHECK_S, routing_for
-from fx_node.runner import NodeMetrics, NodeSettings, Read, Runner
+from fx_node.runner import NodeMetrics, NodeSettings, PreparedRead, Read, Runner
 from fx_node.sync import ClaimsSpecReader, catch_up
 
 __all__ = ["NodeShell", "finish"]
@@ -107,6 +107,9 @@ class NodeShell:
         #: how often the facts are built again to see whether they changed (_facts_ticker)
         self.facts_check_s = 1.0
         self._runner: Runner | None = None
+        #: ``prepared(kind, msg)``: what the runner prepared for a record before it was read
+        #: committed (the executor's speculative reads), or None; set by the runner
+        self.prepared: Callable[[str, Any], Awaitable[PreparedRead | None]] | None = None
         self._consume_tasks: list[asyncio.Task[Any]] = []
         self._misc_tasks: list[asyncio.Task[Any]] = []
         self.background: set[asyncio.Task[Any]] = set()
@@ -303,10 +306,11 @@ class NodeShell:
             await runner.skipped(kind, msg, "mirrored_copy", "")
             tracker.done(key, msg.offset)
             return
+        pre = await self.prepared(kind, msg) if self.prepared is not None else None
         try:
             # topic: a record of a kind that does not belong on .out (a claim, a response...) is
             # refused as ``wrong_stream``, recorded and counted like an undecodable one
-            record = decode(msg.value, topic=msg.topic)
+            record = pre.record if pre is not None else decode(msg.value, topic=msg.topic)
         except DecodeError as exc:
             await runner.skipped(kind, msg, "undecodable", exc.detail, code=exc.code)
             tracker.done(key, msg.offset)
@@ -334,18 +338,23 @@ class NodeShell:
             tracker.done(key, msg.offset)
             return
         sync_key = workload_id if shadow is None else f"{workload_id}/{shadow}"
-        if sync_key not in synced:
-            await self.sync_workload(workload_id, shadow=shadow)
-            synced.add(sync_key)
-        not_holders = holder_problem(runner.state, record, msg.value,
-                                     header_value(getattr(msg, "headers", None),
-                                                  HOLDER_SIG_HEADER))
+        if pre is not None and pre.synced:
+            # caught up after this request was appended (while its transaction was open: no
+            # later epoch can be claimed before it ends), and its holder checked then
+            not_holders = pre.holder_problem
+        else:
+            if sync_key not in synced:
+                await self.sync_workload(workload_id, shadow=shadow)
+                synced.add(sync_key)
+            not_holders = holder_problem(runner.state, record, msg.value,
+                                         header_value(getattr(msg, "headers", None),
+                                                      HOLDER_SIG_HEADER))
         if not_holders is not None:
             # a request its epoch's holder did not sign (front-running): never run, recorded
             await runner.skipped(kind, msg, "not_holder", not_holders, request=record)
             tracker.done(key, msg.offset)
             return
-        await runner.handle(Read(kind, msg, record, workload_id, shadow, tracker))
+        await runner.handle(Read(kind, msg, record, workload_id, shadow, tracker, pre))
 
     # ------------------------------------------------------------------------------ claims, spec
     async def sync_workload(self, workload_id: str, *, shadow: str | None = None,
