@@ -25,7 +25,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, JsonValue
 from pydantic.fields import FieldInfo
 
-__all__ = ["ConstructError", "construct"]
+__all__ = ["ConstructError", "construct", "construct_values"]
 
 #: Turns a parsed JSON value into a field's value; None where the JSON value is the field's value
 #: as it is (strings, numbers, booleans, JSON values, dicts of those).
@@ -213,3 +213,42 @@ def _tag_field(models: list[type[BaseModel]]) -> tuple[str, dict[Any, type[BaseM
         else:
             return field, tags
     raise TypeError(f"no discriminating field shared by {[m.__name__ for m in models]}")
+
+
+#: Per model class: its fields in order, each with its default (``_REQUIRED``: none) and whether
+#: the default comes from a factory (made per record); and the set of their names.
+_FIELDS: dict[type[BaseModel], tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]] = {}
+_REQUIRED = object()
+
+
+def construct_values(cls: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    """``cls`` built from field values that are already what validation makes of them (nested
+    records as instances of their classes, tuples as tuples), the fields not given set to their
+    defaults, without validation: the same object as ``cls(**values)`` for such values (the
+    caller's to know; the fold's own values, bodies of records already decoded). Raises
+    :class:`ConstructError` for a required field not given or a field ``cls`` has not."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = (tuple(
+            (name, _REQUIRED if info.is_required() else
+             info.default_factory if info.default_factory is not None else info.default,
+             info.default_factory is not None)
+            for name, info in cls.model_fields.items()), frozenset(cls.model_fields))
+    fields, names = known
+    if not values.keys() <= names:
+        raise ConstructError(f"{cls.__name__} has no field "
+                             f"{sorted(values.keys() - names)[0][:60]!r}")
+    full: dict[str, Any] = {}
+    for name, default, factory in fields:
+        if name in values:
+            full[name] = values[name]
+        elif default is _REQUIRED:
+            raise ConstructError(f"{cls.__name__} has no {name!r}")
+        else:
+            full[name] = default() if factory else default
+    m = cls.__new__(cls)
+    object.__setattr__(m, "__dict__", full)
+    object.__setattr__(m, "__pydantic_fields_set__", set(values))
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
