@@ -44,7 +44,6 @@ from broker_schema import (
     TickRecord,
     canonical_json,
     content_hash,
-    encode,
     is_hash,
     json_depth,
     parse_effect_id,
@@ -58,6 +57,7 @@ from broker_schema import (
 from broker_schema.chunks import check_chunk, chunk_ref_of
 from broker_schema.construct import construct, construct_values
 from broker_schema.refs import chunk_owner, ref_problem
+from broker_schema.request_bytes import request_bytes
 from broker_schema.signatures import answer_refusal
 from broker_schema.streams import OutRecord, SourceRecord
 from fx_kafka.workload_log import RefGap
@@ -599,7 +599,7 @@ class Core:
             records.append(req)
             issued.append(Pending(effect_id=header.effect_id, input_offset=seq, index=index,
                                   epoch=epoch, effect_kind=out.effect_kind, deadline_ms=deadline,
-                                  request_hash=request_hash(encode(req))))
+                                  request_hash=request_hash(request_bytes(req))))
         if len(issued) > room:
             raise WorkloadError("outstanding_limit", f"the step issued {len(issued)} requests "
                                 f"with room for {room} (spec outstanding_limit "
