@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import orjson
+from pydantic import BaseModel
 
 from broker_schema._errors import RecordTooLarge
 from broker_schema.canonical import canonical_json
@@ -37,7 +38,7 @@ __all__ = ["request_bytes"]
 _dumps: Callable[[object], bytes] = orjson.dumps
 
 #: The fields this module writes, per class: the fast path is off if a class has others.
-_WRITES = {
+_WRITES: dict[type[BaseModel], set[str]] = {
     EffectRequest: {"kind", "v", "header", "effect_kind", "model", "params", "input",
                     "deadline_ms", "reissue_of"},
     EffectHeader: {"workload_id", "input_offset", "index", "epoch", "shadow"},
