@@ -71,21 +71,22 @@ def request_bytes(req: EffectRequest, *, limit: int = MAX_RECORD_BYTES) -> bytes
     return data
 
 
-def _input(body: object) -> bytes | None:
-    """The canonical bytes of a request's input, or None when it is not written out here."""
+def _input(body: object) -> tuple[bytes, ...] | None:
+    """The canonical bytes of a request's input, in parts (joined once, with the record's: the
+    body's string may be 64 KiB), or None when it is not written out here."""
     if body is None:
-        return b"null"
+        return (b"null",)
     if type(body) is InlineBody and body.encoding != "json" and type(body.data) is str:
-        return (b'{"data":' + _dumps(body.data) + b',"encoding":"' + body.encoding.encode() +
-                b'","media_type":' + _string(body.media_type) + b',"type":"inline"}')
+        return (b'{"data":', _dumps(body.data), b',"encoding":"', body.encoding.encode(),
+                b'","media_type":', _string(body.media_type), b',"type":"inline"}')
     if type(body) is ChunkRef or type(body) is StreamRef:
-        return canonical_json(body.model_dump(mode="json"))  # small: no shortcut
+        return (canonical_json(body.model_dump(mode="json")),)  # small: no shortcut
     return None
 
 
 def _written(req: EffectRequest, h: EffectHeader) -> bytes | None:
-    input_bytes = _input(req.input)
-    if input_bytes is None:
+    input_parts = _input(req.input)
+    if input_parts is None:
         return None
     return b"".join((
         b'{"deadline_ms":', str(req.deadline_ms).encode(),
@@ -93,7 +94,7 @@ def _written(req: EffectRequest, h: EffectHeader) -> bytes | None:
         b',"header":{"epoch":', str(h.epoch).encode(), b',"index":', str(h.index).encode(),
         b',"input_offset":', str(h.input_offset).encode(), b',"shadow":', _string(h.shadow),
         b',"workload_id":', _dumps(h.workload_id),
-        b'},"input":', input_bytes,
+        b'},"input":', *input_parts,
         b',"kind":"request","model":', _string(req.model),
         b',"params":{},"v":1}',
     ))
