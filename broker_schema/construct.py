@@ -86,26 +86,44 @@ def _make_builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
             made.append((name, info))
     new = cls.__new__
     set_attr = object.__setattr__
+    # per shape (the object's keys in their order: records of a kind nearly always have one),
+    # the checked keys' plan: the immutable defaults to add, the made ones, the converted ones
+    plans: dict[tuple[str, ...], tuple[list[tuple[str, Any]], list[tuple[str, FieldInfo]],
+                                       list[tuple[str, Callable[[Any], Any]]]]] = {}
 
-    def build_model(obj: Any) -> BaseModel:
-        if type(obj) is not dict:
-            raise ConstructError(f"{cls.__name__} is a JSON object, not {type(obj).__name__}")
-        keys = obj.keys()
+    def plan(shape: tuple[str, ...]) -> tuple[list[tuple[str, Any]],
+                                              list[tuple[str, FieldInfo]],
+                                              list[tuple[str, Callable[[Any], Any]]]]:
+        keys = set(shape)
         if not required <= keys or not keys <= names:
             missing = sorted(required - keys)
             raise ConstructError(f"{cls.__name__} has no {missing[0]!r}" if missing else
                                  f"{cls.__name__} has no field {sorted(keys - names)[0][:60]!r}")
-        values = {**constant, **obj} if constant else dict(obj)
-        for name, info in made:
-            if name not in obj:
-                values[name] = info.get_default(call_default_factory=True, validated_data=values)
-        for name, conv in converted:
-            value = obj.get(name)  # defaults are values already
-            if value is not None:
+        found = ([(name, value) for name, value in constant.items() if name not in keys],
+                 [(name, info) for name, info in made if name not in keys],
+                 [(name, conv) for name, conv in converted if name in keys])
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[shape] = found
+        return found
+
+    def build_model(obj: Any) -> BaseModel:
+        if type(obj) is not dict:
+            raise ConstructError(f"{cls.__name__} is a JSON object, not {type(obj).__name__}")
+        shape = tuple(obj)
+        defaults, makes, converts = plans.get(shape) or plan(shape)
+        values = dict(obj)
+        for name, value in defaults:
+            values[name] = value
+        for name, info in makes:
+            values[name] = info.get_default(call_default_factory=True, validated_data=values)
+        for name, conv in converts:
+            value = obj[name]
+            if value is not None:  # defaults are values already
                 values[name] = conv(value)
         m = new(cls)
         set_attr(m, "__dict__", values)
-        set_attr(m, "__pydantic_fields_set__", set(keys))
+        set_attr(m, "__pydantic_fields_set__", set(shape))
         set_attr(m, "__pydantic_extra__", None)
         set_attr(m, "__pydantic_private__", None)
         return m
@@ -114,6 +132,8 @@ def _make_builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
 
 
 _IMMUTABLE = (type(None), str, int, bool, float, tuple, frozenset)
+#: Key orders remembered per model class (a bound: a hostile log cannot grow it without end).
+_PLANS_MAX = 64
 
 
 def _is_model(tp: Any) -> bool:

@@ -5,6 +5,7 @@ an input's long body string as it is gives ``orjson.loads``'s value, ``request_b
 from __future__ import annotations
 
 import base64
+import itertools
 from typing import Any
 
 import orjson
@@ -112,3 +113,26 @@ def test_construct_values_builds_the_validated_record() -> None:
         construct_values(bs.OutputRecord, {"header": header})
     with pytest.raises(ConstructError, match="no field 'extra'"):
         construct_values(bs.OutputRecord, {"header": header, "body": body, "extra": 1})
+
+
+def test_a_trusted_build_plans_by_key_order_and_refuses_every_time() -> None:
+    from broker_schema.construct import _PLANS_MAX, construct
+
+    header = bs.EffectHeader(workload_id="w", input_offset=1, index=0, epoch=1)
+    entry = bs.MergeEntry(workload_id="w", seq=1, epoch=1, source="resp", source_offset=2,
+                          effect_id=header.effect_id, action="pass_over", reason="duplicate")
+    obj = orjson.loads(bs.encode(entry))
+    for _ in range(2):  # the plan made for this key order, then used
+        assert construct(bs.MergeEntry, dict(obj)) == entry
+    reordered = dict(reversed(list(obj.items())))
+    assert construct(bs.MergeEntry, reordered) == entry
+    assert construct(bs.MergeEntry, {k: v for k, v in obj.items() if k != "reason"}) \
+        == entry.model_copy(update={"reason": None})  # a default filled in
+    for _ in range(2):  # a refusal is never remembered as a plan
+        with pytest.raises(ConstructError, match="has no 'seq'"):
+            construct(bs.MergeEntry, {k: v for k, v in obj.items() if k != "seq"})
+        with pytest.raises(ConstructError, match="has no field 'bogus'"):
+            construct(bs.MergeEntry, {**obj, "bogus": 1})
+    orders = itertools.islice(itertools.permutations(obj), 2 * _PLANS_MAX + 5)
+    for order in orders:  # many key orders: the plans are bounded, each build is right
+        assert construct(bs.MergeEntry, {k: obj[k] for k in order}) == entry
