@@ -236,8 +236,12 @@ def _tag_field(models: list[type[BaseModel]]) -> tuple[str, dict[Any, type[BaseM
 
 
 #: Per model class: its fields in order, each with its default (``_REQUIRED``: none) and whether
-#: the default comes from a factory (made per record); and the set of their names.
-_FIELDS: dict[type[BaseModel], tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]] = {}
+#: the default comes from a factory (made per record); the set of their names; and per shape of
+#: the values given (their names in their order), the defaults that go before and after them
+#: when the names given are consecutive fields in their order (None: filled field by field).
+_FIELDS: dict[type[BaseModel], tuple[tuple[tuple[str, Any, bool], ...], frozenset[str],
+                                     dict[tuple[str, ...],
+                                          tuple[dict[str, Any], dict[str, Any]] | None]]] = {}
 _REQUIRED = object()
 
 
@@ -253,22 +257,48 @@ def construct_values(cls: type[BaseModel], values: dict[str, Any]) -> BaseModel:
             (name, _REQUIRED if info.is_required() else
              info.default_factory if info.default_factory is not None else info.default,
              info.default_factory is not None)
-            for name, info in cls.model_fields.items()), frozenset(cls.model_fields))
-    fields, names = known
-    if not values.keys() <= names:
-        raise ConstructError(f"{cls.__name__} has no field "
-                             f"{sorted(values.keys() - names)[0][:60]!r}")
-    full: dict[str, Any] = {}
-    for name, default, factory in fields:
-        if name in values:
-            full[name] = values[name]
-        elif default is _REQUIRED:
-            raise ConstructError(f"{cls.__name__} has no {name!r}")
-        else:
-            full[name] = default() if factory else default
+            for name, info in cls.model_fields.items()), frozenset(cls.model_fields), {})
+    fields, names, shapes = known
+    shape = tuple(values)
+    if shape in shapes:
+        around = shapes[shape]
+    else:
+        around = _around(cls, fields, names, shape)
+        if len(shapes) >= _PLANS_MAX:
+            shapes.clear()
+        shapes[shape] = around
+    if around is not None:  # the fields in their order, as validation sets them
+        full = {**around[0], **values, **around[1]}
+    else:
+        full = {name: values[name] if name in values else default() if factory else default
+                for name, default, factory in fields}
     m = cls.__new__(cls)
     object.__setattr__(m, "__dict__", full)
-    object.__setattr__(m, "__pydantic_fields_set__", set(values))
+    object.__setattr__(m, "__pydantic_fields_set__", set(shape))
     object.__setattr__(m, "__pydantic_extra__", None)
     object.__setattr__(m, "__pydantic_private__", None)
     return m
+
+
+def _around(cls: type[BaseModel], fields: tuple[tuple[str, Any, bool], ...],
+            names: frozenset[str], shape: tuple[str, ...]
+            ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The immutable defaults before and after the fields ``shape`` names, when those are
+    consecutive fields in their order and every other field has an immutable default; None
+    when the record is to be filled field by field. :class:`ConstructError` for a required
+    field not given or a field ``cls`` has not."""
+    given = set(shape)
+    if not given <= names:
+        raise ConstructError(f"{cls.__name__} has no field {sorted(given - names)[0][:60]!r}")
+    for name, default, _factory in fields:
+        if name not in given and default is _REQUIRED:
+            raise ConstructError(f"{cls.__name__} has no {name!r}")
+    order = [name for name, _d, _f in fields]
+    at = order.index(shape[0]) if shape else 0
+    if tuple(order[at:at + len(shape)]) != shape or any(
+            factory or type(default) not in _IMMUTABLE
+            for name, default, factory in fields if name not in given):
+        return None
+    before = {name: default for name, default, _f in fields[:at]}
+    after = {name: default for name, default, _f in fields[at + len(shape):]}
+    return before, after
