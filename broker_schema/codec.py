@@ -27,6 +27,7 @@ from broker_schema.canonical import (
 from broker_schema.construct import ConstructError, construct
 from broker_schema.limits import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from broker_schema.records import RECORD_TYPES, SUPPORTED_VERSIONS, Record, Signature
+from broker_schema.trusted_parse import parse_trusted
 
 RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
@@ -271,7 +272,9 @@ def decode_trusted(data: bytes | bytearray | memoryview | None, *,
     The JSON is parsed (orjson), the kind, schema version and (given ``topic``) stream are
     checked, and the record is built by
     :func:`broker_schema.construct.construct`. Not checked: field types, patterns and ranges,
-    extra fields, the effect id against its header, base64 bodies, canonical form. For a valid
+    extra fields, the effect id against its header, base64 bodies, canonical form (an input's
+    long inline body string is taken as it is: :func:`broker_schema.trusted_parse.
+    parse_trusted`). For a valid
     record in canonical form the result equals :func:`decode`'s. Raises :class:`DecodeError`
     (the same codes as :func:`decode` for what it checks; ``invalid_record`` when the JSON has
     not the shape of its kind)."""
@@ -279,7 +282,7 @@ def decode_trusted(data: bytes | bytearray | memoryview | None, *,
         raise DecodeError("not_json", "record has no value (a tombstone?)")
     raw = bytes(data)
     try:
-        obj = orjson.loads(raw)
+        obj = parse_trusted(raw)  # orjson.loads, a long base64 input body taken as it is
     except orjson.JSONDecodeError:
         obj = _parse_slowly(raw)
     kind = _kind_of(obj, topic)

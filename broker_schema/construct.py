@@ -25,7 +25,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, JsonValue
 from pydantic.fields import FieldInfo
 
-__all__ = ["ConstructError", "construct"]
+__all__ = ["ConstructError", "construct", "construct_values"]
 
 #: Turns a parsed JSON value into a field's value; None where the JSON value is the field's value
 #: as it is (strings, numbers, booleans, JSON values, dicts of those).
@@ -86,26 +86,44 @@ def _make_builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
             made.append((name, info))
     new = cls.__new__
     set_attr = object.__setattr__
+    # per shape (the object's keys in their order: records of a kind nearly always have one),
+    # the checked keys' plan: the immutable defaults to add, the made ones, the converted ones
+    plans: dict[tuple[str, ...], tuple[list[tuple[str, Any]], list[tuple[str, FieldInfo]],
+                                       list[tuple[str, Callable[[Any], Any]]]]] = {}
 
-    def build_model(obj: Any) -> BaseModel:
-        if type(obj) is not dict:
-            raise ConstructError(f"{cls.__name__} is a JSON object, not {type(obj).__name__}")
-        keys = obj.keys()
+    def plan(shape: tuple[str, ...]) -> tuple[list[tuple[str, Any]],
+                                              list[tuple[str, FieldInfo]],
+                                              list[tuple[str, Callable[[Any], Any]]]]:
+        keys = set(shape)
         if not required <= keys or not keys <= names:
             missing = sorted(required - keys)
             raise ConstructError(f"{cls.__name__} has no {missing[0]!r}" if missing else
                                  f"{cls.__name__} has no field {sorted(keys - names)[0][:60]!r}")
-        values = {**constant, **obj} if constant else dict(obj)
-        for name, info in made:
-            if name not in obj:
-                values[name] = info.get_default(call_default_factory=True, validated_data=values)
-        for name, conv in converted:
-            value = obj.get(name)  # defaults are values already
-            if value is not None:
+        found = ([(name, value) for name, value in constant.items() if name not in keys],
+                 [(name, info) for name, info in made if name not in keys],
+                 [(name, conv) for name, conv in converted if name in keys])
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[shape] = found
+        return found
+
+    def build_model(obj: Any) -> BaseModel:
+        if type(obj) is not dict:
+            raise ConstructError(f"{cls.__name__} is a JSON object, not {type(obj).__name__}")
+        shape = tuple(obj)
+        defaults, makes, converts = plans.get(shape) or plan(shape)
+        values = dict(obj)
+        for name, value in defaults:
+            values[name] = value
+        for name, info in makes:
+            values[name] = info.get_default(call_default_factory=True, validated_data=values)
+        for name, conv in converts:
+            value = obj[name]
+            if value is not None:  # defaults are values already
                 values[name] = conv(value)
         m = new(cls)
         set_attr(m, "__dict__", values)
-        set_attr(m, "__pydantic_fields_set__", set(keys))
+        set_attr(m, "__pydantic_fields_set__", set(shape))
         set_attr(m, "__pydantic_extra__", None)
         set_attr(m, "__pydantic_private__", None)
         return m
@@ -114,6 +132,8 @@ def _make_builder(cls: type[BaseModel]) -> Callable[[Any], BaseModel]:
 
 
 _IMMUTABLE = (type(None), str, int, bool, float, tuple, frozenset)
+#: Key orders remembered per model class (a bound: a hostile log cannot grow it without end).
+_PLANS_MAX = 64
 
 
 def _is_model(tp: Any) -> bool:
@@ -213,3 +233,72 @@ def _tag_field(models: list[type[BaseModel]]) -> tuple[str, dict[Any, type[BaseM
         else:
             return field, tags
     raise TypeError(f"no discriminating field shared by {[m.__name__ for m in models]}")
+
+
+#: Per model class: its fields in order, each with its default (``_REQUIRED``: none) and whether
+#: the default comes from a factory (made per record); the set of their names; and per shape of
+#: the values given (their names in their order), the defaults that go before and after them
+#: when the names given are consecutive fields in their order (None: filled field by field).
+_FIELDS: dict[type[BaseModel], tuple[tuple[tuple[str, Any, bool], ...], frozenset[str],
+                                     dict[tuple[str, ...],
+                                          tuple[dict[str, Any], dict[str, Any]] | None]]] = {}
+_REQUIRED = object()
+
+
+def construct_values(cls: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    """``cls`` built from field values that are already what validation makes of them (nested
+    records as instances of their classes, tuples as tuples), the fields not given set to their
+    defaults, without validation: the same object as ``cls(**values)`` for such values (the
+    caller's to know; the fold's own values, bodies of records already decoded). Raises
+    :class:`ConstructError` for a required field not given or a field ``cls`` has not."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = (tuple(
+            (name, _REQUIRED if info.is_required() else
+             info.default_factory if info.default_factory is not None else info.default,
+             info.default_factory is not None)
+            for name, info in cls.model_fields.items()), frozenset(cls.model_fields), {})
+    fields, names, shapes = known
+    shape = tuple(values)
+    if shape in shapes:
+        around = shapes[shape]
+    else:
+        around = _around(cls, fields, names, shape)
+        if len(shapes) >= _PLANS_MAX:
+            shapes.clear()
+        shapes[shape] = around
+    if around is not None:  # the fields in their order, as validation sets them
+        full = {**around[0], **values, **around[1]}
+    else:
+        full = {name: values[name] if name in values else default() if factory else default
+                for name, default, factory in fields}
+    m = cls.__new__(cls)
+    object.__setattr__(m, "__dict__", full)
+    object.__setattr__(m, "__pydantic_fields_set__", set(shape))
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
+
+
+def _around(cls: type[BaseModel], fields: tuple[tuple[str, Any, bool], ...],
+            names: frozenset[str], shape: tuple[str, ...]
+            ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The immutable defaults before and after the fields ``shape`` names, when those are
+    consecutive fields in their order and every other field has an immutable default; None
+    when the record is to be filled field by field. :class:`ConstructError` for a required
+    field not given or a field ``cls`` has not."""
+    given = set(shape)
+    if not given <= names:
+        raise ConstructError(f"{cls.__name__} has no field {sorted(given - names)[0][:60]!r}")
+    for name, default, _factory in fields:
+        if name not in given and default is _REQUIRED:
+            raise ConstructError(f"{cls.__name__} has no {name!r}")
+    order = [name for name, _d, _f in fields]
+    at = order.index(shape[0]) if shape else 0
+    if tuple(order[at:at + len(shape)]) != shape or any(
+            factory or type(default) not in _IMMUTABLE
+            for name, default, factory in fields if name not in given):
+        return None
+    before = {name: default for name, default, _f in fields[:at]}
+    after = {name: default for name, default, _f in fields[at + len(shape):]}
+    return before, after

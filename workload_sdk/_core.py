@@ -44,7 +44,6 @@ from broker_schema import (
     TickRecord,
     canonical_json,
     content_hash,
-    encode,
     is_hash,
     json_depth,
     parse_effect_id,
@@ -56,8 +55,9 @@ from broker_schema import (
     EncodeError as _EncodeError,
 )
 from broker_schema.chunks import check_chunk, chunk_ref_of
-from broker_schema.construct import construct
+from broker_schema.construct import construct, construct_values
 from broker_schema.refs import chunk_owner, ref_problem
+from broker_schema.request_bytes import request_bytes
 from broker_schema.signatures import answer_refusal
 from broker_schema.streams import OutRecord, SourceRecord
 from fx_kafka.workload_log import RefGap
@@ -458,11 +458,16 @@ class Core:
                          f"step at seq {self.seq}")
         return item.resolved, None
 
-    def apply(self, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
+    def apply(self, item: Item, *, epoch: int, spec: SpecRecord,
+              decision: Decision | None = None) -> Applied:
         """Merge ``item``: classify it, run the step on a delivery, and return the merge entry and
         output records to write. Raises :class:`WorkloadError` when the step breaks a rule, and
-        :class:`RefGap` when the step may read a referenced body the shell did not resolve."""
-        decision = self.classify(item, spec)
+        :class:`RefGap` when the step may read a referenced body the shell did not resolve.
+
+        ``decision``: what :meth:`classify` just said of ``item`` and ``spec`` on this core, when
+        the caller asked it first (replay, to check it against the log): not asked again."""
+        if decision is None:
+            decision = self.classify(item, spec)
         self.positions[item.source] = max(self.positions[item.source], item.offset + 1)
         if decision.action == "skip":
             return Applied(decision, None)
@@ -566,13 +571,15 @@ class Core:
         records: list[OutRecord] = []
         issued: list[Pending] = []
         models = spec.models_at(seq)
+        # the body of the record stepped (decoded already: strictly, or trusted by the caller)
+        known = event.body if isinstance(event, InputEvent) else event.output
         for index, out in enumerate(outs):
             # the fold's own values (its workload id, seq and epoch, a count): built without
             # validating them again (the same object pydantic would build)
             header = _header({"workload_id": self.workload_id, "input_offset": seq,
                               "index": index, "epoch": epoch})
             if isinstance(out, Emit):
-                records.append(OutputRecord(header=header, body=out.body))
+                records.append(_output(header, out.body, known))
                 continue
             if not isinstance(out, Request):
                 raise WorkloadError("bad_output", f"output {index} is a {type(out).__name__}, "
@@ -586,15 +593,13 @@ class Core:
             if out.reissue_of is not None:
                 _check_reissue(out.reissue_of, self.workload_id, seq, index)
             try:
-                req = EffectRequest(header=header, effect_kind=out.effect_kind, model=model,
-                                    params=dict(out.params), input=out.input,
-                                    deadline_ms=deadline, reissue_of=out.reissue_of)
+                req = _request(header, out, model, deadline, known)
             except (ValueError, _EncodeError) as exc:
                 raise WorkloadError("bad_output", f"request {index}: {exc}", seq=seq) from exc
             records.append(req)
             issued.append(Pending(effect_id=header.effect_id, input_offset=seq, index=index,
                                   epoch=epoch, effect_kind=out.effect_kind, deadline_ms=deadline,
-                                  request_hash=request_hash(encode(req))))
+                                  request_hash=request_hash(request_bytes(req))))
         if len(issued) > room:
             raise WorkloadError("outstanding_limit", f"the step issued {len(issued)} requests "
                                 f"with room for {room} (spec outstanding_limit "
@@ -612,6 +617,60 @@ def _header(fields: dict[str, Any]) -> EffectHeader:
     header = construct(EffectHeader, fields)
     assert isinstance(header, EffectHeader)
     return header
+
+
+#: Parameter values a request's ``params`` holds as they are (JSON scalars without floats).
+_PLAIN = (str, int, bool, type(None))
+_MAX_DEADLINE = 2**53 - 1
+
+
+def _body_as_is(body: Any, known: Body | None) -> bool:
+    """Whether validating ``body`` as a record's body gives it back as it is, with no error: the
+    stepped record's own body (``known``: decoded already, strictly or trusted by the caller),
+    a reference, or an inline body whose check (the one validation runs again on an instance)
+    passes here; a JSON body's data may have changed since the step made it, so it is checked
+    again. False sends the caller to validation, which then raises its own error."""
+    if body is known and body is not None:
+        return True
+    t = type(body)
+    if t is InlineBody:
+        try:
+            body._check()
+        except ValueError:
+            return False
+        return True
+    return t is ChunkRef or t is StreamRef
+
+
+def _request(header: EffectHeader, out: Request, model: str | None, deadline: Any,
+             known: Body | None) -> EffectRequest:
+    """The request record of step output ``out``: built without validation when each value is
+    one validation keeps as it is (the fold's header, a kind the spec binds, a model from its
+    bindings, a deadline in range, scalar parameters, a body :func:`_body_as_is`): the same
+    object as ``EffectRequest(...)`` (tested); validated otherwise (its errors as ever)."""
+    params = dict(out.params)
+    if (out.reissue_of is None and type(deadline) is int and 1 <= deadline <= _MAX_DEADLINE
+            and type(out.effect_kind) is str and (model is None or type(model) is str)
+            and all(type(k) is str and type(v) in _PLAIN for k, v in params.items())
+            and (out.input is None or _body_as_is(out.input, known))):
+        req = construct_values(EffectRequest, {
+            "header": header, "effect_kind": out.effect_kind, "model": model, "params": params,
+            "input": out.input, "deadline_ms": deadline, "reissue_of": None})
+        assert isinstance(req, EffectRequest)
+        return req
+    return EffectRequest(header=header, effect_kind=out.effect_kind, model=model,
+                         params=params, input=out.input, deadline_ms=deadline,
+                         reissue_of=out.reissue_of)
+
+
+def _output(header: EffectHeader, body: Any, known: Body | None) -> OutputRecord:
+    """The output record of an :class:`Emit`: built without validation when its body is
+    :func:`_body_as_is` (the same object as ``OutputRecord(...)``), validated otherwise."""
+    if _body_as_is(body, known):
+        record = construct_values(OutputRecord, {"header": header, "body": body})
+        assert isinstance(record, OutputRecord)
+        return record
+    return OutputRecord(header=header, body=body)
 
 
 def _unavailable(exc: Exception, spec: SpecRecord) -> bool:

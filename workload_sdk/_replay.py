@@ -130,11 +130,13 @@ def _item(log: WorkloadLog, entry: MergeEntry, *, trusted: bool = False) -> Item
                 log.resolved.get((entry.source, entry.source_offset)))
 
 
-def _apply(core: Core, log: WorkloadLog, item: Item, *, epoch: int, spec: SpecRecord) -> Applied:
-    """:meth:`Core.apply`, with a referenced body that could not be read reported as the
-    :class:`RefGap` the log reader recorded (the chunk, and where it was looked for)."""
+def _apply(core: Core, log: WorkloadLog, item: Item, *, epoch: int, spec: SpecRecord,
+           decision: Decision | None = None) -> Applied:
+    """:meth:`Core.apply` (given the ``decision`` :meth:`Core.classify` just made, when one was
+    asked), with a referenced body that could not be read reported as the :class:`RefGap` the
+    log reader recorded (the chunk, and where it was looked for)."""
     try:
-        return core.apply(item, epoch=epoch, spec=spec)
+        return core.apply(item, epoch=epoch, spec=spec, decision=decision)
     except RefGap as exc:
         why = log.unresolved.get((item.source, item.offset))
         if why is None:
@@ -336,7 +338,7 @@ def replay(
         steps_input = decision.action == "deliver" and record.source == "in"
         if not steps_input:
             _check_decision(offset, record, decision)
-        applied = _apply(core, log, item, epoch=record.epoch, spec=spec)
+        applied = _apply(core, log, item, epoch=record.epoch, spec=spec, decision=decision)
         if steps_input:
             _check_decision(offset, record, applied.decision)
         result.entries += 1
