@@ -288,9 +288,13 @@ def _scan(value: Any, left: int) -> bool:
     if t is float:
         if not -_SAFE < value < _SAFE:
             raise _Unsure
-        # within 1e-4 <= |f| < 1e16 and not integral, ECMAScript prints Python's repr
-        text = repr(value)
-        return "e" in text or text.endswith(".0") or _ENCODER.encode(value) != text.encode()
+        # ECMAScript prints the shortest round-trip digits, in decimal notation within
+        # 1e-6 <= |f| < 1e21, with no ".0" (an integral float is printed as an integer): where
+        # msgspec prints decimal notation too (its digits are the same: property-tested), the
+        # text is the same
+        text = _ENCODER.encode(value)
+        return (b"e" in text or text.endswith(b".0")
+                or not 1e-6 <= (value if value > 0 else -value) < 1e21)
     if left <= 0:
         raise _Unsure
     special = False
@@ -311,20 +315,37 @@ def _scan(value: Any, left: int) -> bool:
     raise _Unsure
 
 
-_Swapped = list[tuple[msgspec.Struct, str, Any]]
+def _structs_in(tp: Any) -> list[type[msgspec.Struct]]:
+    if isinstance(tp, type):
+        return [tp] if issubclass(tp, msgspec.Struct) else []
+    return [s for a in typing.get_args(tp) for s in _structs_in(a)]
 
 
-def _canonical_view(struct: msgspec.Struct, level: int, swapped: _Swapped | None) -> None:
+def _needs_view(struct: type[msgspec.Struct]) -> bool:
+    """Whether a struct holds (or may hold, below) a JSON value or a field left out when None:
+    the view looks only into those."""
+    return bool(_PLANS[struct].json_fields or _UNSET_WHEN_NONE[struct]) or any(
+        _needs_view(inner) for f in msgspec.structs.fields(struct) for inner in _structs_in(f.type))
+
+
+#: per struct, its fields that may hold a struct the view looks into
+_VIEW_FIELDS: dict[type[msgspec.Struct], tuple[str, ...]] = {
+    s: tuple(f.name for f in msgspec.structs.fields(s)
+             if any(_needs_view(inner) for inner in _structs_in(f.type)))
+    for s in _MODELS}
+
+
+def _canonical_view(struct: msgspec.Struct, level: int, encoding: bool) -> None:
     """Check ``struct`` (at nesting ``level``: a record is 1) before it is compared with the
-    bytes read (``swapped`` None) or encoded (``swapped`` a list). A JSON value msgspec would
-    print otherwise than RFC 8785: when decoding, ``_Unsure``; when encoding, its RFC 8785
-    bytes (:class:`msgspec.Raw`) are put in its place, noting ``(struct, field, value)`` in
-    ``swapped`` to put it back. A field left out of the canonical bytes when None: an explicit
-    null read is ``_Unsure`` (not canonical); None to encode becomes UNSET (left out)."""
+    bytes read or (``encoding``) encoded. A JSON value msgspec would print otherwise than
+    RFC 8785: when decoding, ``_Unsure``; when encoding, its RFC 8785 bytes
+    (:class:`msgspec.Raw`) are put in its place (the struct is a fresh one). A field left out
+    of the canonical bytes when None: an explicit null read is ``_Unsure`` (not canonical);
+    None to encode becomes UNSET (left out)."""
     plan = _PLANS[type(struct)]
     for name in _UNSET_WHEN_NONE[type(struct)]:
         if getattr(struct, name) is None:  # left out of the canonical bytes when None
-            if swapped is None:
+            if not encoding:
                 raise _Unsure  # an explicit null: not canonical (the codec says so)
             setattr(struct, name, msgspec.UNSET)
     for name in plan.json_fields:
@@ -332,19 +353,13 @@ def _canonical_view(struct: msgspec.Struct, level: int, swapped: _Swapped | None
         if value is None or value is msgspec.UNSET:
             continue
         if _scan(value, MAX_JSON_DEPTH - level):
-            if swapped is None:
+            if not encoding:
                 raise _Unsure
-            swapped.append((struct, name, value))
             setattr(struct, name, msgspec.Raw(canonical_json(value)))
-    for name in plan.struct_fields:
+    for name in _VIEW_FIELDS[type(struct)]:
         value = getattr(struct, name)
         if isinstance(value, msgspec.Struct):
-            _canonical_view(value, level + 1, swapped)
-
-
-def _restore(swapped: _Swapped) -> None:
-    for struct, name, value in swapped:
-        setattr(struct, name, value)
+            _canonical_view(value, level + 1, encoding)
 
 
 def _model_builder(struct: type[msgspec.Struct]) -> Callable[[Any], BaseModel]:
@@ -420,7 +435,7 @@ def _fast_decode(raw: bytes, topic: str | None) -> Record | None:
         if allowed is not None and kind not in allowed:
             return None
     try:
-        _canonical_view(struct, 1, None)
+        _canonical_view(struct, 1, False)
         if _ENCODER.encode(struct) != raw:
             return None
     except (_Unsure, TypeError, ValueError, OverflowError, RecursionError):
@@ -454,13 +469,11 @@ def _struct_of(record: BaseModel) -> msgspec.Struct:
     return _CONVERT(record, _STRUCTS[type(record)], from_attributes=True)
 
 
-def _encode_struct(struct: msgspec.Struct) -> bytes:
-    swapped: _Swapped = []
-    try:
-        _canonical_view(struct, 1, swapped)
-        return _ENCODER.encode(struct)
-    finally:
-        _restore(swapped)
+def _viewed(record: BaseModel) -> msgspec.Struct:
+    """The struct of ``record`` ready to encode (a fresh one: nothing is put back)."""
+    struct = _struct_of(record)
+    _canonical_view(struct, 1, True)
+    return struct
 
 
 def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
@@ -468,7 +481,7 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     the same :class:`~broker_schema.EncodeError` (from the codec itself)."""
     if type(record) in _HOT_TYPES:
         try:
-            data = _encode_struct(_struct_of(record))
+            data = _ENCODER.encode(_viewed(record))
         except (_Unsure, msgspec.ValidationError, EncodeError, TypeError, ValueError,
                 OverflowError, RecursionError):
             return codec.encode(record, limit=limit)
@@ -486,15 +499,17 @@ def encode_signed(record: BaseModel, sign: Callable[[bytes], Signature], *,
     if type(record) is not ResponseRecord:
         return codec.encode_signed(record, sign, limit=limit)
     try:
-        struct = _struct_of(record)
+        struct = _viewed(record)
         struct.signature = None  # type: ignore[attr-defined]
-        signing = _encode_struct(struct)
+        signing = _ENCODER.encode(struct)
     except (_Unsure, msgspec.ValidationError, EncodeError, TypeError, ValueError,
             OverflowError, RecursionError):
         return codec.encode_signed(record, sign, limit=limit)
     signature = sign(signing)
-    struct.signature = _CONVERT(signature, _SIGNATURE, from_attributes=True)  # type: ignore[attr-defined]
-    data = _encode_struct(struct)
+    # the signature's fields as they are, as the codec writes them
+    struct.signature = _SIGNATURE(  # type: ignore[attr-defined]
+        alg=signature.alg, key_id=signature.key_id, value=signature.value)
+    data = _ENCODER.encode(struct)
     if len(data) > limit:
         raise RecordTooLarge(len(data), limit)
     return signature, data, signing

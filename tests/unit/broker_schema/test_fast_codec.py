@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_validator
 
 import broker_schema as bs
 from broker_schema import codec, fast_codec
-from broker_schema.canonical import EncodeError, canonical_json
+from broker_schema.canonical import EncodeError, canonical_json, es_number
 from broker_schema.limits import MAX_JSON_DEPTH
 from tests.unit.fuzz.hostile import hostile_values, mutated_dicts, record_bytes
 from tests.unit.schema_strategies import headers, json_values, records, responses
@@ -268,3 +268,53 @@ def test_a_model_the_structs_cannot_carry_is_refused_at_once() -> None:
 def test_hostile_json_values_in_params_get_the_codecs_verdict(value: Any) -> None:
     raw = sorted_text({**REQUEST, "params": {"a": value}})
     assert outcome(fast_codec.decode, raw) == outcome(codec.decode, raw)
+
+
+@settings(max_examples=5000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False)
+       | st.floats(min_value=1e-7, max_value=1e-5) | st.floats(min_value=1e15, max_value=1e22))
+@example(1e-6)
+@example(1e21)
+@example(2.5e-5)
+@example(5e-324)
+def test_msgspec_prints_a_float_as_ecmascript_wherever_the_fast_path_trusts_it(f: float) -> None:
+    try:
+        special = fast_codec._scan(f, 1)
+    except fast_codec._Unsure:
+        assert not -(2.0**53) < f < 2.0**53
+        return
+    if not special:
+        assert fast_codec._ENCODER.encode(f) == es_number(f)
+
+
+RESPONSE = {"kind": "response", "v": 1, "effect_id": "cam-1/4/0@2", "header": HEADER,
+            "request_offset": 1, "outcome": "ok", "error": None, "output": None,
+            "model_hash": None, "executor": None, "timing": None, "written_by": "n",
+            "receipt": None, "signature": None}
+ACCEPTED = {"kind": "accepted", "v": 1, "effect_id": "cam-1/4/0@2", "header": HEADER,
+            "request_offset": 1, "node_id": "n", "lease_ms": 5, "accepted_us": 0}
+
+
+@pytest.mark.parametrize("base", [RESPONSE, ACCEPTED])
+@pytest.mark.parametrize("change", [
+    {}, {"request_hash": None}, {"request_hash": "sha256:" + "ab" * 32},
+    {"effect_id": "cam-1/4/0@3"}, {"effect_id": "shadow:e/cam-1/4/0@2"},
+    {"outcome": "error"}, {"outcome": "timeout", "output": {"type": "chunk", "size": 1,
+                                                            "hash": "sha256:" + "ab" * 32,
+                                                            "media_type": None}},
+    {"error": {"code": "internal", "message": ""}},
+    {"executor": {"node_id": "n", "engine": "e", "engine_version": "1", "device_class": "cpu"}},
+    {"executor": {"node_id": "n", "engine": "e", "engine_version": "1", "device_class": "cpu",
+                  "provider": None}},
+    {"executor": {"node_id": "n", "engine": "e", "engine_version": "1", "device_class": "cpu",
+                  "provider": ""}},
+    {"signature": {"alg": "ed25519", "key_id": "sha256:" + "ab" * 32, "value": "AA=="}},
+    {"signature": {"alg": "ed25519", "key_id": "sha256:" + "ab" * 32, "value": "AA==\n"}},
+    {"written_by": ""}, {"written_by": "\U0001f600" * 200}, {"written_by": "\U0001f600" * 201},
+    {"lease_ms": 2**53 - 1}, {"node_id": "x" * 201},
+])
+def test_responses_and_accepts_at_the_edges_get_the_codecs_verdict(
+        base: dict[str, Any], change: dict[str, Any]) -> None:
+    raw = sorted_text({**base, **change})
+    for topic in (None, "wl.cam-1.resp", "wl.cam-1.out"):
+        assert outcome(fast_codec.decode, raw, topic) == outcome(codec.decode, raw, topic)
