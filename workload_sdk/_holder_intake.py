@@ -15,9 +15,9 @@ from broker_schema import (
     DecodeError,
     SpecRecord,
     TickRecord,
-    decode,
     record_hash,
 )
+from broker_schema.fast_codec import decode
 from broker_schema.streams import STREAM_RECORDS, SourceRecord
 from workload_sdk._broker_clock import BrokerClock
 from workload_sdk._code import Code

@@ -43,7 +43,7 @@ def outcome(decoder: Any, raw: bytes, topic: str | None = None) -> tuple[Any, ..
 def sign(message: bytes) -> bs.Signature:
     """A stand-in signer: deterministic, a valid signature shape."""
     digest = hashlib.sha512(message).digest()
-    return bs.Signature(key_id="sha256:" + hashlib.sha256(message).hexdigest(),
+    return bs.Signature(key_id=bs.sha256_hex(message),
                         value=base64.b64encode(digest).decode())
 
 
