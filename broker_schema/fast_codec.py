@@ -36,6 +36,7 @@ error codes over random records and random mutations of them.
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 import typing
@@ -421,6 +422,11 @@ def _validate(model: BaseModel, struct: msgspec.Struct) -> None:
             _validate(getattr(model, name), inner)
 
 
+#: :func:`broker_schema.streams.kinds_on` (a pure function of the topic name), remembered for
+#: the topics a consumer reads again and again
+_kinds_on = functools.lru_cache(maxsize=4096)(streams.kinds_on)
+
+
 def _fast_decode(raw: bytes, topic: str | None) -> Record | None:
     """The record when the fast path vouches for it, else None."""
     if len(raw) > MAX_RECORD_BYTES:
@@ -431,7 +437,7 @@ def _fast_decode(raw: bytes, topic: str | None) -> Record | None:
         return None
     if topic is not None:
         kind = _KINDS[type(struct)]
-        allowed = streams.kinds_on(topic)
+        allowed = _kinds_on(topic)
         if allowed is not None and kind not in allowed:
             return None
     try:
