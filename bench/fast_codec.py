@@ -2,7 +2,7 @@
 (``broker_schema.fast_codec``), in one run, alternating: decode of a magika request (as an
 executor reads it from ``.out``), encode of a signed magika response (as it writes it; the
 signer returns a fixed signature, so the figure is the encoding, not ed25519), decode of that
-response (as the holder reads it from ``.resp``).
+response (as the holder reads it from ``.resp``), encode of the ``accepted`` written before it.
 
     .venv/bin/python bench/fast_codec.py [--rounds 9] [--number 2000] [--json]
 
@@ -70,6 +70,11 @@ def cases() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     assert codec.decode(response_bytes) == fast_codec.decode(response_bytes)
     assert fast_codec._fast_decode(request_bytes, "wl.cam-1.out") is not None  # no fallback
     assert fast_codec._fast_decode(response_bytes, None) is not None
+    accepted = bs.AcceptedRecord(
+        effect_id=response.effect_id, header=response.header, request_offset=99881,
+        node_id="exec-1", lease_ms=30_000, accepted_us=1764650000000100,
+        request_hash=response.request_hash)
+    assert fast_codec.encode(accepted) == codec.encode(accepted)
     return {
         "decode_request": (lambda: codec.decode(request_bytes, topic="wl.cam-1.out"),
                            lambda: fast_codec.decode(request_bytes, topic="wl.cam-1.out")),
@@ -77,6 +82,7 @@ def cases() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
                                    lambda: fast_codec.encode_signed(response, signer)),
         "decode_response": (lambda: codec.decode(response_bytes),
                             lambda: fast_codec.decode(response_bytes)),
+        "encode_accepted": (lambda: codec.encode(accepted), lambda: fast_codec.encode(accepted)),
     }
 
 
@@ -115,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         for name, row in report.items():
-            print(f"{name:24} codec {row['codec_median_us']:6.1f} µs (best {row['codec_best_us']:.1f})"
-                  f"  fast {row['fast_median_us']:6.1f} µs (best {row['fast_best_us']:.1f})"
+            print(f"{name:24} codec {row['codec_median_us']:6.1f} µs"
+                  f" (best {row['codec_best_us']:.1f})  fast {row['fast_median_us']:6.1f} µs"
+                  f" (best {row['fast_best_us']:.1f})"
                   f"  {row['speedup_median']:.2f}×")
     return 0
 
