@@ -43,7 +43,6 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
-import annotated_types
 import msgspec
 from pydantic import BaseModel, JsonValue
 from pydantic.fields import FieldInfo
@@ -111,22 +110,19 @@ def _pattern(pattern: str) -> str:
     return pattern
 
 
+#: pydantic's bounds (``annotated_types``: Ge, Le...) by class name -> the msgspec Meta argument
+#: of the same name (and attribute)
+_BOUNDS = {"Ge": "ge", "Le": "le", "Gt": "gt", "Lt": "lt", "MinLen": "min_length",
+           "MaxLen": "max_length"}
+
+
 def _meta(metadata: list[Any], base: Any) -> Any:
     """``base`` annotated with the msgspec ``Meta`` of the pydantic constraints ``metadata``."""
     kw: dict[str, Any] = {}
     for m in metadata:
-        if isinstance(m, annotated_types.Ge):
-            kw["ge"] = m.ge
-        elif isinstance(m, annotated_types.Le):
-            kw["le"] = m.le
-        elif isinstance(m, annotated_types.Gt):
-            kw["gt"] = m.gt
-        elif isinstance(m, annotated_types.Lt):
-            kw["lt"] = m.lt
-        elif isinstance(m, annotated_types.MinLen):
-            kw["min_length"] = m.min_length
-        elif isinstance(m, annotated_types.MaxLen):
-            kw["max_length"] = m.max_length
+        bound = _BOUNDS.get(type(m).__name__) if type(m).__module__ == "annotated_types" else None
+        if bound is not None:
+            kw[bound] = getattr(m, bound)
         elif type(m).__name__ == "_PydanticGeneralMetadata" and set(vars(m)) == {"pattern"}:
             kw["pattern"] = _pattern(vars(m)["pattern"])
         else:

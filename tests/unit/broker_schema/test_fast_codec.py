@@ -150,6 +150,8 @@ REQUEST = {"kind": "request", "v": 1, "header": HEADER, "effect_kind": bs.INFERE
     {"model": "sha256:" + "ab" * 32 + "\n"},
     {"deadline_ms": 2**53}, {"deadline_ms": 2**63}, {"deadline_ms": 0}, {"deadline_ms": 5.0},
     {"deadline_ms": True}, {"header": {**HEADER, "index": 2**31}},
+    {"header": {**HEADER, "index": -1}}, {"header": {**HEADER, "workload_id": "a" * 201}},
+    {"header": {**HEADER, "workload_id": "a" * 200}}, {"header": {**HEADER, "shadow": ""}},
     {"params": {"a": 2**53}}, {"params": {"a": -(2**53)}}, {"params": {"a": 1.5}},
     {"params": {"a": 1e21}}, {"params": {"a": 2.5e-5}}, {"params": {"\U0001f600": 1, "\uffff": 2}},
     {"reissue_of": None}, {"reissue_of": "cam-1/3/0@2"}, {"reissue_of": "cam-1/4/0@2"},
@@ -318,3 +320,25 @@ def test_responses_and_accepts_at_the_edges_get_the_codecs_verdict(
     raw = sorted_text({**base, **change})
     for topic in (None, "wl.cam-1.resp", "wl.cam-1.out"):
         assert outcome(fast_codec.decode, raw, topic) == outcome(codec.decode, raw, topic)
+
+
+def test_the_fast_path_takes_the_records_an_executor_writes_itself() -> None:
+    header = bs.EffectHeader(**HEADER)
+    response = bs.ResponseRecord(
+        effect_id=header.effect_id, header=header, request_offset=7, outcome="ok",
+        output=bs.InlineBody.of_json({"label": "python", "score": 0.9987654328346252,
+                                      "top": [["python", 0.9987654328346252],
+                                              ["txt", 0.00012345678987654321]]}),
+        model_hash="sha256:" + "ab" * 32,
+        executor=bs.ExecutorInfo(node_id="n", engine="onnxruntime", engine_version="1",
+                                 device_class="cpu", provider="CPUExecutionProvider"),
+        timing=bs.Timing(received_us=1, started_us=2, finished_us=3), written_by="n",
+        request_hash="sha256:" + "cd" * 32)
+    _, raw, _ = fast_codec.encode_signed(response, sign)
+    taken = fast_codec._fast_decode(raw, "wl.cam-1.resp")
+    assert taken is not None and taken == codec.decode(raw)
+    assert taken.model_fields_set == codec.decode(raw).model_fields_set
+    accepted = bs.AcceptedRecord(effect_id=header.effect_id, header=header, request_offset=7,
+                                 node_id="n", lease_ms=5, accepted_us=1,
+                                 request_hash="sha256:" + "cd" * 32)
+    assert fast_codec._fast_decode(fast_codec.encode(accepted), "wl.cam-1.resp") == accepted
