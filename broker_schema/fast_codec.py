@@ -465,10 +465,47 @@ def decode(data: bytes | bytearray | memoryview | None, *, strict: bool = True,
 # ----------------------------------------------------------------------------- encode
 
 
+def _struct_maker(struct: type[msgspec.Struct]) -> Callable[[Any], msgspec.Struct]:
+    """Makes the struct of a (validated) model from its field values, without validating them
+    again (generated once per struct, like :func:`_model_builder`): a field left out of the
+    canonical bytes when None is UNSET when None, a nested model its struct, and a scalar
+    that is not a string, None, a bool or an integer in the codec's number domain ``_Unsure``
+    (the codec then encodes or refuses it)."""
+    unset = _UNSET_WHEN_NONE[struct]
+    nested = _PLANS[struct].struct_fields
+    lines = ["def make(m):", "    d = m.__dict__"]
+    args = []
+    for i, f in enumerate(msgspec.structs.fields(struct)):
+        if not f.name.isidentifier():
+            raise TypeError(f"field name {f.name!r}")
+        lines.append(f"    v{i} = d[{f.name!r}]")
+        if f.name in unset:
+            lines.append(f"    if v{i} is None: v{i} = UNSET")
+        if f.name in nested:
+            lines.append(f"    if v{i} is not None and v{i} is not UNSET:"
+                         f" v{i} = MAKERS[type(v{i})](v{i})")
+        elif f.name not in _PLANS[struct].json_fields:
+            # a scalar: anything but a string, None, a bool or an integer in the domain (a
+            # model made without validation may hold it) is left to the codec
+            lines.append(f"    t = type(v{i})")
+            lines.append(f"    if t is not str and v{i} is not None and t is not bool and"
+                         f" (t is not int or not -SAFE < v{i} < SAFE): raise Unsure")
+        args.append(f"{f.name}=v{i}")
+    lines.append(f"    return S({', '.join(args)})")
+    scope: dict[str, Any] = {"UNSET": msgspec.UNSET, "MAKERS": _MAKERS, "S": struct,
+                             "SAFE": _SAFE, "Unsure": _Unsure}
+    exec("\n".join(lines), scope)
+    make: Callable[[Any], msgspec.Struct] = scope["make"]
+    return make
+
+
+_MAKERS: dict[type[BaseModel], Callable[[Any], msgspec.Struct]] = {}
+_MAKERS.update({_MODELS[s]: _struct_maker(s) for s in _MODELS})
+
+
 def _struct_of(record: BaseModel) -> msgspec.Struct:
-    """The struct of a (validated) hot record, from its attributes (checked again by msgspec's
-    constraints on the way)."""
-    return _CONVERT(record, _STRUCTS[type(record)], from_attributes=True)
+    """The struct of a hot record (a pydantic model is validated when it is made)."""
+    return _MAKERS[type(record)](record)
 
 
 def _viewed(record: BaseModel) -> msgspec.Struct:
@@ -485,7 +522,7 @@ def encode(record: BaseModel, *, limit: int = MAX_RECORD_BYTES) -> bytes:
         try:
             data = _ENCODER.encode(_viewed(record))
         except (_Unsure, msgspec.ValidationError, EncodeError, TypeError, ValueError,
-                OverflowError, RecursionError):
+                OverflowError, RecursionError, KeyError):
             return codec.encode(record, limit=limit)
         if len(data) > limit:
             raise RecordTooLarge(len(data), limit)
@@ -505,7 +542,7 @@ def encode_signed(record: BaseModel, sign: Callable[[bytes], Signature], *,
         struct.signature = None  # type: ignore[attr-defined]
         signing = _ENCODER.encode(struct)
     except (_Unsure, msgspec.ValidationError, EncodeError, TypeError, ValueError,
-            OverflowError, RecursionError):
+            OverflowError, RecursionError, KeyError):
         return codec.encode_signed(record, sign, limit=limit)
     signature = sign(signing)
     # the signature's fields as they are, as the codec writes them

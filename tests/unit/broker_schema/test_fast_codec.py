@@ -342,3 +342,22 @@ def test_the_fast_path_takes_the_records_an_executor_writes_itself() -> None:
                                  node_id="n", lease_ms=5, accepted_us=1,
                                  request_hash="sha256:" + "cd" * 32)
     assert fast_codec._fast_decode(fast_codec.encode(accepted), "wl.cam-1.resp") == accepted
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic's, on the unvalidated values
+@pytest.mark.parametrize("change", [{"deadline_ms": 5.0}, {"deadline_ms": 2**60},
+                                    {"deadline_ms": "5"}, {"reissue_of": None},
+                                    {"model": None}, {"params": {"a": 1.0}}])
+def test_a_record_made_without_validation_encodes_as_the_codec_encodes_it(
+        change: dict[str, Any]) -> None:
+    header = bs.EffectHeader(**HEADER)
+    made = bs.EffectRequest.model_construct(
+        **{"header": header, "effect_kind": bs.INFERENCE_KIND, "deadline_ms": 5, **change})
+    try:
+        want: Any = codec.encode(made)
+    except bs.EncodeError as exc:
+        with pytest.raises(bs.EncodeError) as got:
+            fast_codec.encode(made)
+        assert got.value.code == exc.code
+    else:
+        assert fast_codec.encode(made) == want
