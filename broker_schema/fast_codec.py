@@ -16,22 +16,24 @@ How a fast verdict stays the codec's:
 
 * :func:`decode` accepts a record only when msgspec read it into its struct (types, patterns,
   lengths, ranges, no unknown field, every number within +-(2^53 - 1)), its JSON values nest
-  within ``MAX_JSON_DEPTH`` with every number in RFC 8785's exact domain, the struct encodes
-  back to exactly the bytes read (RFC 8785: fields sorted, JSON values holding a float or a key
-  above U+FFFF encoded by :func:`broker_schema.canonical.canonical_json`), and the model's own
-  after-validators (:meth:`~broker_schema.records.ResponseRecord._check_outcome`, the inline
-  body's base64 and size check...) pass on the record built from it
-  (:func:`broker_schema.construct.construct`, as ``decode_trusted`` builds it). Anything else,
-  the bytes of any other kind included, is handed to :func:`broker_schema.codec.decode`, which
-  gives the record or the typed :class:`~broker_schema.DecodeError` it always gave: a record is
-  never refused here that the codec would accept, and bad input costs what it cost before.
-* :func:`encode` and :func:`encode_signed` build the struct from the (validated) model's
-  attributes and encode it sorted; a value the fast path is unsure of (an integer beyond
-  +-(2^53 - 1), nesting near the limit, a record of another kind) goes to the codec's encoder,
-  which gives the bytes or the :class:`~broker_schema.EncodeError`.
+  within ``MAX_JSON_DEPTH`` with every number in RFC 8785's exact domain and nothing msgspec
+  prints otherwise than RFC 8785 (a float outside plain decimal notation, a key above U+FFFF),
+  no field left out when None is an explicit null, the struct encodes back to exactly the bytes
+  read (so they are canonical), and the models' own after-validators
+  (:meth:`~broker_schema.records.ResponseRecord._check_outcome`, the inline body's base64 and
+  size check...) pass on the record built from it (the same frozen objects validation builds,
+  made by code generated per struct). Anything else, the bytes of any other kind included, is
+  handed to :func:`broker_schema.codec.decode`, which gives the record or the typed
+  :class:`~broker_schema.DecodeError` it always gave: a record is never refused here that the
+  codec would accept, and every error is the codec's own.
+* :func:`encode` and :func:`encode_signed` make the struct from the model's field values and
+  encode it sorted; a JSON value msgspec would print otherwise is put in as its RFC 8785 bytes;
+  what the fast path is unsure of (an integer beyond +-(2^53 - 1), nesting near the limit, a
+  value of an unexpected type, a record of another kind) goes to the codec's encoder, which
+  gives the bytes or the :class:`~broker_schema.EncodeError`.
 
-tests/unit/broker_schema/test_fast_codec.py holds both paths to the same bytes, records and
-error codes over random records and random mutations of them.
+tests/unit/broker_schema/test_fast_codec.py holds both paths to the same bytes, records, fields
+set and error codes over random records, random mutations of them and hostile bytes.
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def _meta(metadata: list[Any], base: Any) -> Any:
 
 
 def _has_json(tp: Any) -> bool:
-    return "JsonValue" in repr(tp) or tp is Any
+    """Whether an annotation holds a JSON value (``JsonValue``: scanned, not typed)."""
+    return tp is JsonValue or tp is Any or any(_has_json(a) for a in typing.get_args(tp))
 
 
 def _mtype(tp: Any, metadata: list[Any]) -> Any:
@@ -260,7 +263,6 @@ _UNSET_WHEN_NONE: dict[type[msgspec.Struct], tuple[str, ...]] = {
     s: tuple(n for n in s.__struct_fields__
              if _MODELS[s].model_fields[n].exclude_if is not None)
     for s in _MODELS}
-_CONVERT = msgspec.convert
 _SIGNATURE = struct_for(Signature)
 
 # ----------------------------------------------------------------------------- JSON values
