@@ -18,7 +18,8 @@ import logging
 import os
 from pathlib import Path
 
-from broker_schema import encode_signed, signatures
+from broker_schema import signatures
+from broker_schema.fast_codec import encode_signed
 from broker_schema.records import ResponseRecord, Signature
 from broker_schema.signatures import ED25519, KeyType, SigningKey
 
@@ -79,9 +80,9 @@ class NodeIdentity:
 
     def sign_and_encode(self, response: ResponseRecord) -> bytes:
         """The canonical bytes of ``response`` signed: the signing bytes and the record's bytes
-        from one canonical pass (:func:`broker_schema.encode_signed`), no signed copy of the
-        record made. :class:`broker_schema.RecordTooLarge` as :func:`broker_schema.encode`
-        raises it."""
+        from one pass (:func:`broker_schema.fast_codec.encode_signed`: msgspec, the same bytes
+        as :func:`broker_schema.encode_signed`), no signed copy of the record made.
+        :class:`broker_schema.RecordTooLarge` as :func:`broker_schema.encode` raises it."""
         return encode_signed(response, self.signature_of)[1]
 
     def signature_of(self, message: bytes) -> Signature:

@@ -55,7 +55,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from broker_schema import DecodeError, topics
-from broker_schema.codec import decode, encode
+from broker_schema.codec import encode
+from broker_schema.fast_codec import decode as decode_fast
+from broker_schema.fast_codec import encode as encode_fast
 from broker_schema.records import AcceptedRecord, EffectRequest, FactsRecord
 from broker_schema.signatures import HOLDER_SIG_HEADER
 from fx_kafka.client import (
@@ -310,7 +312,8 @@ class NodeShell:
         try:
             # topic: a record of a kind that does not belong on .out (a claim, a response...) is
             # refused as ``wrong_stream``, recorded and counted like an undecodable one
-            record = pre.record if pre is not None else decode(msg.value, topic=msg.topic)
+            # (the msgspec fast path: the codec's record or error, broker_schema.fast_codec)
+            record = pre.record if pre is not None else decode_fast(msg.value, topic=msg.topic)
         except DecodeError as exc:
             await runner.skipped(kind, msg, "undecodable", exc.detail, code=exc.code)
             tracker.done(key, msg.offset)
@@ -379,7 +382,7 @@ class NodeShell:
         ``(ack, producer generation, (topic, value, key))`` (see
         :meth:`fx_node.producer.ResilientProducer.written`)."""
         record = (topics.resp_for(accepted.header.workload_id, accepted.header.shadow),
-                  encode(accepted), accepted.effect_id.encode())
+                  encode_fast(accepted), accepted.effect_id.encode())
         gen = self.producer.gen
         ack = await self.producer.send_accepted(*record)
         self.leases[accepted.effect_id] = accepted
@@ -404,7 +407,7 @@ class NodeShell:
                 fresh = renewed(accepted, now_us)
                 try:
                     topic = topics.resp_for(fresh.header.workload_id, fresh.header.shadow)
-                    await self.producer.produce("accepted", topic, encode(fresh),
+                    await self.producer.produce("accepted", topic, encode_fast(fresh),
                                                 effect_id.encode())
                 except KafkaError as exc:
                     self.log.warning("lease renewal of %s not written: %r", effect_id, exc)
