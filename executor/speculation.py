@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from broker_schema import DecodeError, topics
-from broker_schema.codec import decode
+from broker_schema.fast_codec import decode
 from broker_schema.records import EffectRequest, InlineBody
 from broker_schema.signatures import HOLDER_SIG_HEADER
 from executor.engine_pool import EnginePool
