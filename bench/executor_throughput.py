@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -192,6 +193,20 @@ def session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def task_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of this process, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for name in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 class Bench:
     def __init__(self, bootstrap: str, store: ModelStore, tmp: Path,
                  pinning: dict[str, Any] | None = None) -> None:
@@ -233,6 +248,11 @@ class Bench:
                     effect_kind=INFERENCE_KIND, model=model_hash, input=body,
                     deadline_ms=600_000))
 
+            # where the CPU goes: the engine's worker thread (workers = 1), the event loop
+            # (this, the main thread: the executor and the bench's client), the rest
+            engine_tid = await asyncio.get_running_loop().run_in_executor(
+                service.runner.answerer.threads, threading.get_native_id)
+            cpu_before = task_cpu_s()
             sent: dict[int, int] = {}  # request offset -> append ms
             answered: dict[int, int] = {}  # request offset -> response append ms
             loop = asyncio.get_running_loop()
@@ -268,6 +288,20 @@ class Bench:
             calls = service.metrics.registry.get_sample_value(
                 "fx_executor_batch_size_count", {"model": model_hash})
             out["mean_batch"] = round((batches or 0) / (calls or 1), 2)
+            cpu = {t: c - cpu_before.get(t, 0.0) for t, c in task_cpu_s().items()}
+            main_tid = threading.get_native_id()
+            compute = service.metrics.registry.get_sample_value(
+                "fx_executor_compute_duration_seconds_sum", {"model": model_hash})
+            out["where"] = {
+                "span_s": round(span, 3),
+                "engine_wall_s": round(compute or 0.0, 3),  # inside the engine's calls
+                "engine_thread_cpu_s": round(cpu.get(engine_tid, 0.0), 3),
+                "loop_thread_cpu_s": round(cpu.get(main_tid, 0.0), 3),
+                "other_threads_cpu_s": round(sum(c for t, c in cpu.items()
+                                                 if t not in (engine_tid, main_tid)), 3),
+                "engine_thread_cpus": affinity.format_cpus(affinity.thread_cpus(engine_tid)),
+                "loop_thread_cpus": affinity.format_cpus(affinity.thread_cpus(main_tid)),
+            }
             return out
         finally:
             await resp_consumer.stop()

@@ -24,12 +24,21 @@ __all__ = ["allowed_cpus", "child_engine_cpus", "cpus_problem", "format_cpus", "
 log = logging.getLogger("executor.service")
 
 
+#: The calling thread's CPUs when this module was first imported: before this process pinned
+#: any of its threads (all pinning goes through here), so what it was started with (``taskset``,
+#: a container's cpuset).
+_STARTED_ON: frozenset[int] | None = (frozenset(os.sched_getaffinity(0))
+                                      if hasattr(os, "sched_getaffinity") else None)
+
+
 def allowed_cpus() -> set[int] | None:
-    """The CPUs this process may run on (``os.sched_getaffinity(0)``); None where the system
-    cannot say."""
-    if not hasattr(os, "sched_getaffinity"):
+    """The CPUs this process may run on: ``os.sched_getaffinity(0)`` as it was before the
+    process pinned anything (a second executor in a process whose threads were pinned by the
+    first still sees every CPU it was started with), with the calling thread's now; None where
+    the system cannot say."""
+    if _STARTED_ON is None:
         return None
-    return set(os.sched_getaffinity(0))
+    return set(_STARTED_ON) | set(os.sched_getaffinity(0))
 
 
 def pinning_supported() -> bool:

@@ -205,3 +205,13 @@ def test_a_config_built_in_code_with_foreign_cpus_is_refused(tmp_path: Path) -> 
     cfg = _config(tmp_path, engine_cpus=[outside])
     with pytest.raises(ConfigError, match=f"engine_cpus {outside}: CPU {outside} is not one"):
         ExecutorService(cfg, identity=NodeIdentity.generate())
+
+
+@two_cpus
+def test_what_the_process_may_use_is_what_it_started_with(restore_affinity: None) -> None:
+    """A second executor in a process the first pinned (the bench runs several) may still
+    take the engine CPU the first left to its engine."""
+    affinity.pin_process(ALLOWED[:1])
+    assert os.sched_getaffinity(0) == {ALLOWED[0]}
+    assert affinity.allowed_cpus() == set(ALLOWED)
+    assert cpus_problem([ALLOWED[-1]], ALLOWED[:1], affinity.allowed_cpus()) is None
