@@ -207,6 +207,16 @@ def task_cpu_s() -> dict[int, float]:
     return out
 
 
+def run_delay_s(tid: int) -> float:
+    """Seconds thread ``tid`` of this process spent runnable but waiting for a CPU
+    (``/proc/self/task/<tid>/schedstat``, its second field); 0 where the kernel does not say."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Bench:
     def __init__(self, bootstrap: str, store: ModelStore, tmp: Path,
                  pinning: dict[str, Any] | None = None) -> None:
@@ -253,6 +263,8 @@ class Bench:
             engine_tid = await asyncio.get_running_loop().run_in_executor(
                 service.runner.answerer.threads, threading.get_native_id)
             cpu_before = task_cpu_s()
+            main_tid = threading.get_native_id()
+            waits_before = run_delay_s(engine_tid), run_delay_s(main_tid)
             sent: dict[int, int] = {}  # request offset -> append ms
             answered: dict[int, int] = {}  # request offset -> response append ms
             loop = asyncio.get_running_loop()
@@ -289,14 +301,16 @@ class Bench:
                 "fx_executor_batch_size_count", {"model": model_hash})
             out["mean_batch"] = round((batches or 0) / (calls or 1), 2)
             cpu = {t: c - cpu_before.get(t, 0.0) for t, c in task_cpu_s().items()}
-            main_tid = threading.get_native_id()
             compute = service.metrics.registry.get_sample_value(
                 "fx_executor_compute_duration_seconds_sum", {"model": model_hash})
             out["where"] = {
                 "span_s": round(span, 3),
                 "engine_wall_s": round(compute or 0.0, 3),  # inside the engine's calls
                 "engine_thread_cpu_s": round(cpu.get(engine_tid, 0.0), 3),
+                # runnable, waiting for a CPU (schedstat): not the GIL, not idle
+                "engine_thread_cpu_wait_s": round(run_delay_s(engine_tid) - waits_before[0], 3),
                 "loop_thread_cpu_s": round(cpu.get(main_tid, 0.0), 3),
+                "loop_thread_cpu_wait_s": round(run_delay_s(main_tid) - waits_before[1], 3),
                 "other_threads_cpu_s": round(sum(c for t, c in cpu.items()
                                                  if t not in (engine_tid, main_tid)), 3),
                 "engine_thread_cpus": affinity.format_cpus(affinity.thread_cpus(engine_tid)),
