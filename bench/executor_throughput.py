@@ -484,12 +484,17 @@ def pinning_of(args: argparse.Namespace) -> tuple[int | None, dict[str, Any]]:
     if args.engine_cpu is None:
         return None, {}
     allowed = sorted(os.sched_getaffinity(0))
+    try:
+        cpu = allowed[-1] if args.engine_cpu == "auto" else int(args.engine_cpu)
+    except ValueError:
+        raise SystemExit(f"executor_throughput: --engine-cpu takes a CPU id or 'auto', not "
+                         f"{args.engine_cpu!r}") from None
     rest = (affinity.parse_cpus(args.rest_cpus) if args.rest_cpus
-            else [c for c in allowed if c != args.engine_cpu] or allowed)
-    problem = affinity.cpus_problem([args.engine_cpu], rest, allowed)
+            else [c for c in allowed if c != cpu] or allowed)
+    problem = affinity.cpus_problem([cpu], rest, allowed)
     if problem:
         raise SystemExit(f"executor_throughput: {problem}")
-    return args.engine_cpu, {"engine_cpus": [args.engine_cpu], "loop_cpus": rest}
+    return cpu, {"engine_cpus": [cpu], "loop_cpus": rest}
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -601,9 +606,10 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=("magika", "trivial"),
                         help="one model: direct loops and bursts only, each burst right after "
                         "a direct loop")
-    parser.add_argument("--engine-cpu", type=int, metavar="C",
+    parser.add_argument("--engine-cpu", metavar="C|auto",
                         help="the executor's engine thread and the direct loop on CPU C alone "
-                        "(engine_cpus), the rest of the process on --rest-cpus")
+                        "(engine_cpus; auto: the last CPU this process may use), the rest of "
+                        "the process on --rest-cpus")
     parser.add_argument("--rest-cpus", metavar="LIST",
                         help="with --engine-cpu: CPUs for the rest of the process and a broker "
                         "the bench starts (taskset -c form; default: every other CPU)")
