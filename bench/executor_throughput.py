@@ -24,6 +24,17 @@ each process (its node's responses over its own span), for ``max_batch`` 1 and 8
 
     .venv/bin/python bench/executor_throughput.py --processes auto --requests 2000
 
+``--engine-cpu C`` puts the model on CPU ``C`` alone: the in-process executor with
+``engine_cpus = [C]`` and ``loop_cpus`` = ``--rest-cpus`` (default: every other CPU this process
+may use), so its event loop, the bench's client and every other thread of the process run
+elsewhere; the direct loop runs on ``C`` too; a broker the bench starts itself (no
+``FX_KAFKA_BOOTSTRAP``) is pinned to the rest CPUs (every thread of its processes). A shared
+broker (``FX_KAFKA_BOOTSTRAP``) is not the bench's to pin: the results say so. ``--only magika``
+(or ``trivial``) measures one model's direct loop and bursts (no sequential run), with a direct
+loop right before each burst so that each ratio compares figures taken moments apart:
+
+    .venv/bin/python bench/executor_throughput.py --only magika --engine-cpu 1 --requests 150
+
 Every mode is bounded by a request count and a timeout; the run stops by itself.
 """
 
@@ -40,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -65,6 +77,7 @@ from broker_schema.records import (  # noqa: E402
     ResponseRecord,
     SpecRecord,
 )
+from executor import affinity  # noqa: E402
 from executor.config import load_config  # noqa: E402
 from executor.engines.onnx import magika_features  # noqa: E402
 from executor.models import ModelStore, locate_package_model  # noqa: E402
@@ -123,6 +136,56 @@ def direct(session: ort.InferenceSession, feeds: dict[str, Any] | Callable[[], d
     return summary(lat, time.perf_counter() - t0, n)
 
 
+def direct_on(cpu: int | None, session: ort.InferenceSession,
+              feeds: dict[str, Any] | Callable[[], dict[str, Any]], n: int) -> dict[str, float]:
+    """:func:`direct` with this (the calling) thread on ``cpu`` alone (None: as it is), its
+    mask restored after."""
+    if cpu is None:
+        return direct(session, feeds, n)
+    before = os.sched_getaffinity(0)
+    affinity.pin_thread([cpu])
+    try:
+        return direct(session, feeds, n)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, their children ...), from ``/proc``."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            parents[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def pin_broker(rest: list[int]) -> str:
+    """Pin a broker this bench started (its processes are ours) to ``rest``; what was done."""
+    if os.environ.get("FX_KAFKA_BOOTSTRAP"):
+        return ("not pinned: the shared broker (FX_KAFKA_BOOTSTRAP) is not the bench's; it "
+                "runs on any CPU, the engine's included")
+    pids = descendants(os.getpid())
+    threads = 0
+    for p in pids:
+        try:
+            threads += affinity.pin_process(rest, pid=p)
+        except OSError:
+            continue
+    return f"pinned to CPUs {affinity.format_cpus(rest)} ({len(pids)} processes, {threads} threads)"
+
+
 def session(path: Path) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -130,9 +193,36 @@ def session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def task_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of this process, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for name in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def run_delay_s(tid: int) -> float:
+    """Seconds thread ``tid`` of this process spent runnable but waiting for a CPU
+    (``/proc/self/task/<tid>/schedstat``, its second field); 0 where the kernel does not say."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Bench:
-    def __init__(self, bootstrap: str, store: ModelStore, tmp: Path) -> None:
+    def __init__(self, bootstrap: str, store: ModelStore, tmp: Path,
+                 pinning: dict[str, Any] | None = None) -> None:
         self.bootstrap, self.store, self.tmp = bootstrap, store, tmp
+        #: ``engine_cpus`` / ``loop_cpus`` for the executor (empty: not pinned)
+        self.pinning = pinning or {}
 
     async def executor_run(self, model_hash: str, data: bytes, n: int, *, max_batch: int,
                            sequential: bool, timeout: float = 120.0) -> dict[str, float]:
@@ -143,7 +233,7 @@ class Bench:
         cfg = load_config(environ={}, **executor_settings(
             self.bootstrap, wid, self.tmp, self.store.root, node_id=f"bench-{wid}",
             group_prefix=f"bench-{wid}", workers=1, max_batch=max_batch,
-            kinds={INFERENCE_KIND: 10_000}, preload=[model_hash]))
+            kinds={INFERENCE_KIND: 10_000}, preload=[model_hash], **self.pinning))
         service = ExecutorService(cfg)
         task = asyncio.create_task(service.run())
         resp_consumer = make_consumer(self.bootstrap, isolation_level="read_uncommitted")
@@ -168,6 +258,13 @@ class Bench:
                     effect_kind=INFERENCE_KIND, model=model_hash, input=body,
                     deadline_ms=600_000))
 
+            # where the CPU goes: the engine's worker thread (workers = 1), the event loop
+            # (this, the main thread: the executor and the bench's client), the rest
+            engine_tid = await asyncio.get_running_loop().run_in_executor(
+                service.runner.answerer.threads, threading.get_native_id)
+            cpu_before = task_cpu_s()
+            main_tid = threading.get_native_id()
+            waits_before = run_delay_s(engine_tid), run_delay_s(main_tid)
             sent: dict[int, int] = {}  # request offset -> append ms
             answered: dict[int, int] = {}  # request offset -> response append ms
             loop = asyncio.get_running_loop()
@@ -203,6 +300,22 @@ class Bench:
             calls = service.metrics.registry.get_sample_value(
                 "fx_executor_batch_size_count", {"model": model_hash})
             out["mean_batch"] = round((batches or 0) / (calls or 1), 2)
+            cpu = {t: c - cpu_before.get(t, 0.0) for t, c in task_cpu_s().items()}
+            compute = service.metrics.registry.get_sample_value(
+                "fx_executor_compute_duration_seconds_sum", {"model": model_hash})
+            out["where"] = {
+                "span_s": round(span, 3),
+                "engine_wall_s": round(compute or 0.0, 3),  # inside the engine's calls
+                "engine_thread_cpu_s": round(cpu.get(engine_tid, 0.0), 3),
+                # runnable, waiting for a CPU (schedstat): not the GIL, not idle
+                "engine_thread_cpu_wait_s": round(run_delay_s(engine_tid) - waits_before[0], 3),
+                "loop_thread_cpu_s": round(cpu.get(main_tid, 0.0), 3),
+                "loop_thread_cpu_wait_s": round(run_delay_s(main_tid) - waits_before[1], 3),
+                "other_threads_cpu_s": round(sum(c for t, c in cpu.items()
+                                                 if t not in (engine_tid, main_tid)), 3),
+                "engine_thread_cpus": affinity.format_cpus(affinity.thread_cpus(engine_tid)),
+                "loop_thread_cpus": affinity.format_cpus(affinity.thread_cpus(main_tid)),
+            }
             return out
         finally:
             await resp_consumer.stop()
@@ -366,13 +479,36 @@ async def main_processes(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def pinning_of(args: argparse.Namespace) -> tuple[int | None, dict[str, Any]]:
+    """``--engine-cpu`` / ``--rest-cpus``: the engine's CPU and the executor's settings."""
+    if args.engine_cpu is None:
+        return None, {}
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        cpu = allowed[-1] if args.engine_cpu == "auto" else int(args.engine_cpu)
+    except ValueError:
+        raise SystemExit(f"executor_throughput: --engine-cpu takes a CPU id or 'auto', not "
+                         f"{args.engine_cpu!r}") from None
+    rest = (affinity.parse_cpus(args.rest_cpus) if args.rest_cpus
+            else [c for c in allowed if c != cpu] or allowed)
+    problem = affinity.cpus_problem([cpu], rest, allowed)
+    if problem:
+        raise SystemExit(f"executor_throughput: {problem}")
+    return cpu, {"engine_cpus": [cpu], "loop_cpus": rest}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.requests
+    cpu, pinning = pinning_of(args)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": platform.python_version(), "onnxruntime": ort.__version__,
-        "requests": n,
+        "requests": n, "load": os.getloadavg(),
+        "pinning": ({"engine_cpu": cpu, "rest_cpus": pinning["loop_cpus"]} if pinning
+                    else "none"),
     }
+    if args.only:
+        return await main_one(args, results, cpu, pinning)
     with tempfile.TemporaryDirectory(prefix="fx-bench-") as d:
         tmp = Path(d)
         store = ModelStore(tmp / "models")
@@ -389,16 +525,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
         msess = session(store.path(magika.hash))
         results["direct"] = {
-            "trivial": direct(session(store.path(trivial.hash)), trivial_feeds, n),
-            "magika": direct(msess, magika_feeds(1), n),
+            "trivial": direct_on(cpu, session(store.path(trivial.hash)), trivial_feeds, n),
+            "magika": direct_on(cpu, msess, magika_feeds(1), n),
         }
-        b8 = direct(msess, magika_feeds(8), max(1, n // 8))
+        b8 = direct_on(cpu, msess, magika_feeds(8), max(1, n // 8))
         b8["rps"] = round(b8["rps"] * 8, 1)  # requests, not calls
         results["direct"]["magika_batch8"] = b8
 
         async with broker_for_tests() as bootstrap:
+            if pinning:
+                results["broker"] = pin_broker(pinning["loop_cpus"])
             await ensure_system_topics(bootstrap)
-            bench = Bench(bootstrap, store, tmp)
+            bench = Bench(bootstrap, store, tmp, pinning)
             ex: dict[str, Any] = {}
             for name, mh, data in (("trivial", trivial.hash, trivial_input),
                                    ("magika", magika.hash, py)):
@@ -417,6 +555,47 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+async def main_one(args: argparse.Namespace, results: dict[str, Any], cpu: int | None,
+                   pinning: dict[str, Any]) -> dict[str, Any]:
+    """``--only MODEL``: that model's bursts (max_batch 1 and 8), each right after a direct
+    loop of the same model (batch 1, on the engine's CPU when pinned): ratios of figures taken
+    moments apart, on a machine whose load moves."""
+    n = args.requests
+    with tempfile.TemporaryDirectory(prefix="fx-bench-") as d:
+        tmp = Path(d)
+        store = ModelStore(tmp / "models")
+        if args.only == "magika":
+            manifest = store.import_package("magika")
+            data = (ROOT / "fx_node" / "admission.py").read_bytes()
+            cfg = manifest.config
+
+            def feeds() -> dict[str, Any]:
+                return {"bytes": np.asarray([magika_features(data, cfg)], dtype=np.int32)}
+
+            results["model"] = "magika standard_v3_3 on fx_node/admission.py"
+            make: dict[str, Any] | Callable[[], dict[str, Any]] = feeds
+        else:
+            manifest, make, data, results["model"] = trivial_case(store, tmp)
+        sess = session(store.path(manifest.hash))
+        async with broker_for_tests() as bootstrap:
+            if pinning:
+                results["broker"] = pin_broker(pinning["loop_cpus"])
+            await ensure_system_topics(bootstrap)
+            bench = Bench(bootstrap, store, tmp, pinning)
+            runs: dict[str, Any] = {}
+            for mb in (1, 8):
+                runs[f"direct_before_batch{mb}"] = direct_on(cpu, sess, make, n)
+                runs[f"burst_batch{mb}"] = await bench.executor_run(
+                    manifest.hash, data, n, max_batch=mb, sequential=False)
+            results["runs"] = runs
+    results["ratios"] = {
+        f"burst_batch{mb}: executor rps / direct rps just before": round(
+            runs[f"burst_batch{mb}"]["rps"] / runs[f"direct_before_batch{mb}"]["rps"], 4)
+        for mb in (1, 8)}
+    results["load_after"] = os.getloadavg()
+    return results
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300)
@@ -424,6 +603,16 @@ if __name__ == "__main__":
     parser.add_argument("--processes", metavar="N|auto",
                         help="measure the trivial model's burst through fx executor run "
                         "--processes N instead (--requests per process)")
+    parser.add_argument("--only", choices=("magika", "trivial"),
+                        help="one model: direct loops and bursts only, each burst right after "
+                        "a direct loop")
+    parser.add_argument("--engine-cpu", metavar="C|auto",
+                        help="the executor's engine thread and the direct loop on CPU C alone "
+                        "(engine_cpus; auto: the last CPU this process may use), the rest of "
+                        "the process on --rest-cpus")
+    parser.add_argument("--rest-cpus", metavar="LIST",
+                        help="with --engine-cpu: CPUs for the rest of the process and a broker "
+                        "the bench starts (taskset -c form; default: every other CPU)")
     a = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     res = asyncio.run(main_processes(a) if a.processes else main(a))

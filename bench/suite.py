@@ -15,6 +15,9 @@ else a local Apache Kafka started for the run, as the tests do (``fx_kafka.testi
 - ``processes``: the trivial-model burst through ``fx executor run --processes auto`` (one
   child node per core), requests/s per machine and per process, max_batch 1 and 8
   (bench/executor_throughput.py --processes)
+- ``pinned``: executor on magika ÷ direct onnxruntime with the engine on a core of its own
+  (``engine_cpus``; the direct loop on that core too, each burst right after it), max_batch 8
+  and 1 (bench/executor_throughput.py --only magika --engine-cpu auto)
 - ``replay``: replay vs re-running the model on the same inputs, magika and the integer LLM
   (bench/replay_speed.py)
 - ``integer``: integer oracle decode tokens/s ÷ float32 numpy, 1 stream and a batch of 4
@@ -128,6 +131,19 @@ SCRIPTS: dict[str, tuple[list[str], list[str], int, bool, list[Figure]]] = {
                    _burst(i, "machine_rps" if machine else "per_process_rps_mean"),
                    _at_least(10_000) if machine else None, " req/s")
             for i, mb in enumerate((1, 8)) for machine in (True, False)
+        ]),
+    # the magika ratio with the engine on its own core (engine_cpus; issue 29 part 1)
+    "pinned": (
+        ["bench/executor_throughput.py", "--only", "magika", "--engine-cpu", "auto",
+         "--requests", "300", "--json", "{json}"],
+        ["bench/executor_throughput.py", "--only", "magika", "--engine-cpu", "auto",
+         "--requests", "120", "--json", "{json}"], 300, True, [
+            Figure(f"executor on magika ÷ direct onnxruntime, burst, max_batch {mb}, engine "
+                   "on its own core", "≥ 0.9×",
+                   lambda r, mb=mb: float(
+                       r["ratios"][f"burst_batch{mb}: executor rps / direct rps just before"]),
+                   _at_least(0.9))
+            for mb in (8, 1)
         ]),
     "replay": (
         ["bench/replay_speed.py", "--json"],

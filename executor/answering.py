@@ -83,7 +83,8 @@ class Answerer:
         self.scheduler = scheduler
         self.metrics = metrics
         self.threads = ThreadPoolExecutor(max_workers=config.workers,
-                                          thread_name_prefix="fx-engine")
+                                          thread_name_prefix="fx-engine",
+                                          initializer=engines.pin_engine_thread)
         #: the workers' engine batches being awaited (``_finish_run``)
         self.run_waits: set[asyncio.Task[Any]] = set()
         #: this node's receipt ledger (sys.ledger.<node>), made on the first receipt

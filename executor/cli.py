@@ -29,7 +29,7 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from executor import processes
+    from executor import affinity, processes
 
     command = "fx executor run"
     overrides: dict[str, Any] = {}
@@ -45,6 +45,11 @@ def _run(args: argparse.Namespace) -> int:
                 "auto" if args.processes == "auto"
                 else processes.resolve_processes(args.processes, processes.cores()))
         config = load_config(args.config, **overrides)
+        cpus = affinity.cpus_problem(config.engine_cpus, config.loop_cpus,
+                                     affinity.allowed_cpus(),
+                                     supported=affinity.pinning_supported())
+        if cpus is not None:
+            raise ConfigError(cpus)
         n = processes.resolve_processes(config.processes, processes.cores())
         children = processes.describe(config, n) if n > 1 else {}
     except (ConfigError, processes.ProcessesError) as exc:
@@ -54,7 +59,8 @@ def _run(args: argparse.Namespace) -> int:
         print(config)
         for child_id, where in children.items():
             print(f"# process {child_id}: key_file = {json.dumps(where['key_file'])}, "
-                  f"http_port = {json.dumps(where['http_port'])}")
+                  f"http_port = {json.dumps(where['http_port'])}, "
+                  f"engine_cpus = {json.dumps(where['engine_cpus'])}")
         return 0
     if n > 1:
         return processes.run_processes(command, config, n,

@@ -21,6 +21,7 @@ from pydantic import (
 
 from broker_schema import topics
 from broker_schema.records import INFERENCE_KIND, EffectKind
+from executor.affinity import parse_cpus
 from fx_node.settings import NodeConfig, default_data_dir, load_settings
 
 __all__ = ["ENV_PREFIX", "MAX_PROCESSES", "ExecutorConfig", "load_config"]
@@ -69,6 +70,17 @@ class ExecutorConfig(NodeConfig):
     preload: list[str] | Literal["all"] = "all"
     #: Concurrent engine calls (each a thread); each call may run a batch.
     workers: Annotated[int, Field(ge=1, le=256)] = 1
+    #: CPUs the engine's worker threads run on (ids, or ``taskset -c`` form ``"0,2-3"``;
+    #: ``FX_EXECUTOR_ENGINE_CPUS=1``); empty: not pinned. Each worker thread pins itself when
+    #: it starts (with ``intra_op_threads = 1`` ONNX Runtime runs the model on that thread;
+    #: its own pool threads, with more, take the mask of the thread that loads the model, also
+    #: pinned). Every id must be one this process may run on (else the node does not start).
+    #: With ``processes`` N > 1, child ``i`` takes ``engine_cpus[i mod len]`` alone
+    #: (docs/executor.md, "The engine on its own cores").
+    engine_cpus: list[int] = Field(default_factory=list, max_length=4096)
+    #: CPUs for the rest of the process (event loop, Kafka clients, every other thread), so
+    #: the engine's cores are its own; empty: left as they are. Same form as ``engine_cpus``.
+    loop_cpus: list[int] = Field(default_factory=list, max_length=4096)
     #: Referenced inputs (stream records, chunks) read at once, apart from the engine workers:
     #: a slow or missing input holds one of these, never a worker or another request.
     input_fetchers: Annotated[int, Field(ge=1, le=256)] = 4
@@ -165,6 +177,13 @@ class ExecutorConfig(NodeConfig):
             raise ValueError(f"processes must be 'auto' or a whole number 1..{MAX_PROCESSES}, "
                              f"not {value!r}")
         return n
+
+    @field_validator("engine_cpus", "loop_cpus", mode="before")
+    @classmethod
+    def _check_cpus(cls, value: Any) -> list[int]:
+        # the shape only: whether this machine has them is checked at start
+        # (executor.affinity.cpus_problem), so a config stays readable on another machine
+        return parse_cpus(value)
 
     @field_validator("node_id")
     @classmethod

@@ -6,12 +6,15 @@ told a model's status), and what a batch costs (whether it runs on the event loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from broker_schema.records import EffectRequest, ExecutorInfo
+from executor import affinity
 from executor.config import ExecutorConfig
 from executor.engines import (
     BUILTIN_ENGINES,
@@ -27,6 +30,7 @@ from executor.scheduler import HANDLER_KEY
 from fx_node.admission import ModelStatus
 from fx_node.errors import EngineError, ModelError, OutcomeError
 from fx_node.identity import NodeIdentity
+from fx_node.settings import ConfigError
 
 __all__ = ["INLINE_RUN_S", "EnginePool"]
 
@@ -76,6 +80,49 @@ class EnginePool:
         #: model hash -> seconds per request of its last engine runs (see runs_inline)
         self._run_cost: dict[str, deque[float]] = {}
         self._infos: dict[tuple[str, str, str, str | None], ExecutorInfo] = {}
+        self._place_threads()
+
+    # ------------------------------------------------------------------------- CPU placement
+    def _place_threads(self) -> None:
+        """Apply ``loop_cpus`` to every thread of this process now (the engine's worker threads
+        pin themselves to ``engine_cpus`` when they start: :meth:`pin_engine_thread`). Raises
+        :class:`ConfigError` when a CPU is not one this process may run on."""
+        cfg = self.config
+        problem = affinity.cpus_problem(cfg.engine_cpus, cfg.loop_cpus, affinity.allowed_cpus(),
+                                        supported=affinity.pinning_supported())
+        if problem is not None:
+            raise ConfigError(problem)
+        if cfg.loop_cpus:
+            n = affinity.pin_process(cfg.loop_cpus)
+            log.info("%s: the rest of the process (%d threads now, and those it starts) on "
+                     "CPUs %s", cfg.node_id, n, affinity.format_cpus(cfg.loop_cpus))
+        if cfg.engine_cpus:
+            log.info("%s: engine worker threads on CPUs %s", cfg.node_id,
+                     affinity.format_cpus(cfg.engine_cpus))
+
+    def pin_engine_thread(self) -> None:
+        """The engine thread pool's initializer: pin the calling (new worker) thread to
+        ``engine_cpus`` (nothing when empty)."""
+        if self.config.engine_cpus:
+            affinity.pin_thread(self.config.engine_cpus)
+            log.debug("engine thread %s (tid %d) on CPUs %s", threading.current_thread().name,
+                      threading.get_native_id(), affinity.format_cpus(self.config.engine_cpus))
+
+    @contextlib.contextmanager
+    def _on_engine_cpus(self) -> Iterator[None]:
+        """While a model loads: the calling thread on ``engine_cpus`` (its mask restored
+        after), so threads the engine starts for the model (ONNX Runtime's intra-op pool) take
+        the engine's CPUs, whichever thread loads it."""
+        cpus = self.config.engine_cpus
+        if not cpus:
+            yield
+            return
+        before = os.sched_getaffinity(0)
+        affinity.pin_thread(cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, before)
 
     def engine_for(self, manifest: ModelManifest) -> Engine:
         """The engine named by ``manifest``, built on first use (from the event loop or a worker
@@ -112,7 +159,8 @@ class EnginePool:
             self.metrics.model_load_failures.labels(exc.code).inc()
             raise
         try:
-            engine.load(manifest, data)
+            with self._on_engine_cpus():
+                engine.load(manifest, data)
         except Exception as exc:
             # An engine that cannot load a (hash-checked) file answers those requests with an
             # error; it must never take the worker, and with it the service, down.

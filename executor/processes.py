@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from broker_schema import topics
+from executor.affinity import child_engine_cpus
 from executor.config import ENV_PREFIX, MAX_PROCESSES, ExecutorConfig
 from fx_node.identity import NodeIdentity
 
@@ -116,12 +117,14 @@ def child_state_dir(key_file: Path, child_id: str) -> Path:
 
 def child_config(config: ExecutorConfig, index: int) -> ExecutorConfig:
     """The config of child ``index``: ``config`` with the child's node id, key file (in
-    :func:`child_state_dir`), HTTP port, and ``processes = 1``. Raises
-    :class:`ProcessesError`."""
+    :func:`child_state_dir`), HTTP port, its engine CPU (``engine_cpus[index mod K]``,
+    :func:`executor.affinity.child_engine_cpus`; ``loop_cpus`` is every child's) and
+    ``processes = 1``. Raises :class:`ProcessesError`."""
     child_id = child_node_id(config.node_id, index)
     data = config.model_dump()
     data.update(node_id=child_id, http_port=child_http_port(config.http_port, index),
                 key_file=child_state_dir(config.key_file, child_id) / config.key_file.name,
+                engine_cpus=child_engine_cpus(config.engine_cpus, index),
                 processes=1)
     try:
         return ExecutorConfig.model_validate(data)
@@ -323,10 +326,15 @@ def run_processes(command: str, config: ExecutorConfig, n: int, *,
     log.info("%s: %d processes of node %s (group prefix %s); certify each key with "
              "fx keys certify --node NODE-pI --from-facts", command, n, config.node_id,
              config.group_prefix)
+    if 0 < len(config.engine_cpus) < n:
+        log.warning("%s: %d processes share %d engine CPUs (engine_cpus %s): child i's engine "
+                    "runs on engine_cpus[i mod %d]", command, n, len(config.engine_cpus),
+                    config.engine_cpus, len(config.engine_cpus))
     return Supervisor(children, grace_s=config.shutdown_grace_s, verbose=verbose).run()
 
 
 def describe(config: ExecutorConfig, n: int) -> dict[str, Any]:
     """What ``--processes n`` would run (``--print-config``): the child ids, key files, ports."""
-    return {c.node_id: {"key_file": str(c.key_file), "http_port": c.http_port}
+    return {c.node_id: {"key_file": str(c.key_file), "http_port": c.http_port,
+                        "engine_cpus": c.engine_cpus}
             for c in plan_children(config, n)}

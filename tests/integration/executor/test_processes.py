@@ -1,7 +1,8 @@
 """``fx executor run --processes 2`` on the real broker with magika: two child nodes
 (``<node>-p0``, ``<node>-p1``) in the same consumer groups share four workloads' partitions, each
 signs with its own key; a child killed with SIGKILL is restarted by the parent and no request is
-lost; SIGTERM to the parent stops every child cleanly."""
+lost; SIGTERM to the parent stops every child cleanly. With two CPUs or more, ``engine_cpus``
+lists two: child ``i``'s engine thread runs on the ``i``-th alone (read from ``/proc``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,20 @@ from tests.unit.executor.helpers import request, tone_wav
 pytestmark = pytest.mark.integration
 
 WORKLOADS = 4  # one .out partition each: two members get two each (round robin)
+
+
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _task_cpus(pid: int) -> list[str]:
+    """Each thread's ``Cpus_allowed_list`` of process ``pid``."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    out.append(line.split(":", 1)[1].strip())
+    return out
 
 
 def _children(parent: int) -> dict[str, int]:
@@ -65,7 +80,9 @@ async def test_two_processes_share_the_groups_survive_sigkill_and_stop_on_sigter
         node = f"exec-{prefix}"
         cfg = executor_config(kafka_bootstrap, wls[0].workload_id, tmp_path, store.root,
                               node_id=node, group_prefix=f"fx-test-{prefix}",
-                              topic_pattern=rf"^wl\.{prefix}-[0-9a-f]+\.out$")
+                              topic_pattern=rf"^wl\.{prefix}-[0-9a-f]+\.out$",
+                              **({"engine_cpus": CPUS[:2], "loop_cpus": CPUS}
+                                 if len(CPUS) >= 2 else {}))
         config_path = tmp_path / "executor.json"
         config_path.write_text(json.dumps(cfg.model_dump(mode="json")))
         log_path = tmp_path / "parent.log"
@@ -113,6 +130,12 @@ async def test_two_processes_share_the_groups_survive_sigkill_and_stop_on_sigter
                 if by(ids[0]) and by(ids[1]):
                     break
             assert by(ids[0]) and by(ids[1]), {i: by(i) for i in ids}
+            if len(CPUS) >= 2:  # child i's engine thread on CPUS[i] alone, the rest on all
+                for i, child in enumerate(ids):
+                    masks = _task_cpus(_children(parent.pid)[child])
+                    assert str(CPUS[i]) in masks, (child, masks)
+                    assert f"[{child}] executor.service: {child}: engine worker threads on " \
+                           f"CPUs {CPUS[i]}" in log()
 
             # SIGKILL one child while requests keep coming: restarted, nothing lost
             old = _children(parent.pid)[ids[1]]
